@@ -1,0 +1,184 @@
+"""The bus: shards, placement, lease renewal, and the factory of queues."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from .embedded import EmbeddedRedis
+from .errors import BusClosedError, BusError, BusUnavailableError
+from .events import Event, EventHub
+from .keys import QueueKeys
+from .queue import Queue
+from .scripts import Scripts
+from .settings import BusSettings
+from .shard import Shard, ShardState
+from .sharding import rank
+
+log = logging.getLogger(__name__)
+
+
+class BusState(enum.Enum):
+    """``online`` when every shard answers, ``offline`` otherwise."""
+
+    CREATED = "created"
+    ONLINE = "online"
+    OFFLINE = "offline"
+    CLOSED = "closed"
+
+
+class Bus:
+    """A message bus over one or more Redis deployments (shards).
+
+    Use as ``async with Bus(settings) as bus:`` or ``await bus.connect()`` /
+    ``await bus.close()``. With no Redis URL configured it runs an embedded
+    ``redis-server`` (see :mod:`busmq.embedded`).
+
+    Events (``bus.events``): ``online``, ``offline`` and ``error`` per shard, with the
+    shard's URL (password masked) as source.
+    """
+
+    def __init__(self, settings: BusSettings | None = None, **overrides: Any) -> None:
+        if settings is None:
+            settings = BusSettings(**overrides) if overrides else BusSettings.from_env()
+        elif overrides:
+            raise TypeError("pass either settings or keyword overrides, not both")
+        self.settings = settings
+        self.client_id = uuid.uuid4().hex[:16]
+        self.events: EventHub[Event] = EventHub()
+        self.shards: list[Shard] = []
+        self.embedded: EmbeddedRedis | None = None
+        self.scripts: Scripts
+        self._attached: set[Queue] = set()
+        self._renewer: asyncio.Task[None] | None = None
+        self._state = BusState.CREATED
+        self.events.on(self._track_state)
+
+    def __repr__(self) -> str:
+        return f"<Bus {self.client_id} {self.state.value} shards={[s.label for s in self.shards]}>"
+
+    @property
+    def state(self) -> BusState:
+        return self._state
+
+    @property
+    def closed(self) -> bool:
+        return self._state is BusState.CLOSED
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    async def connect(self, wait: float | None = None) -> None:
+        """Start the embedded Redis if needed and connect to every shard.
+
+        Waits up to ``wait`` seconds (default: the operation timeout) for all shards to
+        answer; raises :class:`BusUnavailableError` otherwise (the bus keeps retrying
+        in the background: call ``close()`` to give up).
+        """
+        if self._state is not BusState.CREATED:
+            raise BusError(f"connect() on a bus that is {self._state.value}")
+        urls = self.settings.redis_urls
+        if not urls:
+            self.embedded = EmbeddedRedis(self.settings.data_dir)
+            await self.embedded.start()
+            urls = (self.embedded.url,)
+        self.shards = [Shard(url, self.settings, self.events) for url in urls]
+        self.scripts = Scripts(self.shards[0].client)
+        self._state = BusState.OFFLINE
+        for shard in self.shards:
+            shard.start()
+        self._renewer = asyncio.create_task(self._renew_loop(), name="busmq-lease-renewal")
+        timeout = self.settings.operation_timeout if wait is None else wait
+        results = await asyncio.gather(*(s.wait_online(timeout) for s in self.shards))
+        down = [s.label for s, ok in zip(self.shards, results, strict=True) if not ok]
+        if down:
+            raise BusUnavailableError(f"redis not reachable after {timeout:.1f}s", ", ".join(down))
+
+    async def close(self) -> None:
+        """Detach every queue, stop the shards and the embedded Redis."""
+        if self._state is BusState.CLOSED:
+            return
+        if self._renewer is not None:
+            self._renewer.cancel()
+            await asyncio.gather(self._renewer, return_exceptions=True)
+        try:
+            for queue in tuple(self._attached):
+                try:
+                    await queue.detach()
+                except BusError as exc:
+                    log.warning("could not detach %s while closing: %s", queue.name, exc)
+        finally:
+            self._state = BusState.CLOSED
+            await asyncio.gather(*(s.close() for s in self.shards), return_exceptions=True)
+            if self.embedded is not None:
+                await self.embedded.stop()
+            self.events.emit(Event("closed", "bus"))
+            self.events.close()
+
+    async def __aenter__(self) -> Bus:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- objects --------------------------------------------------------------------
+
+    def queue(self, name: str) -> Queue:
+        """A handle on queue ``name`` (validated now; attach it to use it)."""
+        if self._state is BusState.CLOSED:
+            raise BusClosedError("the bus is closed")
+        return Queue(self, name)
+
+    # -- placement ------------------------------------------------------------------
+
+    async def _locate(self, name: str) -> Shard:
+        """The shard that holds queue ``name``, or where it is to be created.
+
+        Shards are probed in rendezvous order; the first that already has the queue
+        wins, so queues created before shards were added are still found.
+        """
+        if not self.shards:
+            raise BusError("the bus is not connected")
+        order = [self.shards[i] for i in rank([s.identity for s in self.shards], name)]
+        if len(order) == 1:
+            return order[0]
+        info = QueueKeys(name).info
+
+        async def exists(client: aioredis.Redis) -> int:
+            return int(await client.exists(info))
+
+        found = await asyncio.gather(*(s.run(exists, idempotent=True) for s in order))
+        for shard, present in zip(order, found, strict=True):
+            if present:
+                return shard
+        return order[0]
+
+    # -- leases ---------------------------------------------------------------------
+
+    async def _renew_loop(self) -> None:
+        interval = self.settings.lease_seconds / 3
+        while True:
+            await asyncio.sleep(interval)
+            await self._renew(tuple(self._attached))
+
+    async def _renew(self, queues: Iterable[Queue]) -> None:
+        results = await asyncio.gather(*(q.renew() for q in queues), return_exceptions=True)
+        for queue, result in zip(queues, results, strict=True):
+            if isinstance(result, BaseException):
+                log.warning("lease renewal of %s failed: %s", queue.name, result)
+                queue.events.emit(Event("error", queue.name, error=result))
+
+    # -- state ----------------------------------------------------------------------
+
+    def _track_state(self, event: Event) -> None:
+        if self._state in (BusState.CREATED, BusState.CLOSED):
+            return
+        if event.kind in ("online", "offline"):
+            online = all(s.state is ShardState.ONLINE for s in self.shards)
+            self._state = BusState.ONLINE if online else BusState.OFFLINE

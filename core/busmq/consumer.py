@@ -1,0 +1,444 @@
+"""Consumers: deliver a queue's messages in one of the three modes.
+
+A consumer is an async iterator of :class:`~busmq.message.Delivery` and an async
+context manager. A reader task fetches batches of up to ``prefetch`` messages with a
+blocking read and hands them over through a one-slot buffer, so memory stays bounded
+by about two batches and a slow iteration slows the reads.
+
+- at-most-once: ``XREADGROUP ... NOACK``; the batch read is deleted in the same round
+  trip as the next read. Each message goes to one consumer and is gone.
+- at-least-once: ``XREADGROUP``; a delivery stays pending until acked. Every
+  ``claim_interval`` the consumer takes over deliveries that have been pending longer
+  than ``visibility_timeout`` (their consumer died or stalled), with a delivery count.
+- replay: ``XREAD`` from an id; nothing is removed, every reader sees every message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import itertools
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import redis.asyncio as aioredis
+import redis.exceptions as rex
+
+from .errors import (
+    BusClosedError,
+    BusError,
+    BusUnavailableError,
+    ModeConflictError,
+    UnknownMessageError,
+)
+from .events import Event
+from .keys import CONSUMER_GROUP
+from .message import Delivery, decode_entry, int_to_stream_id
+
+if TYPE_CHECKING:
+    from .queue import Queue
+
+log = logging.getLogger(__name__)
+
+
+class Mode(enum.Enum):
+    """How a consumer takes messages from a queue."""
+
+    AT_MOST_ONCE = "at_most_once"
+    AT_LEAST_ONCE = "at_least_once"
+    REPLAY = "replay"
+
+    @property
+    def family(self) -> str:
+        """``destructive`` modes share a queue; ``replay`` readers share a queue."""
+        return "replay" if self is Mode.REPLAY else "destructive"
+
+
+LATEST = -1
+"""``from_id`` for replay: only messages pushed after the consumer starts."""
+
+_FORGET_CONSUMER_MS = 3_600_000
+
+
+@dataclass(frozen=True)
+class _End:
+    error: BaseException | None = None
+
+
+class Consumer:
+    """Iterate with ``async for delivery in consumer``; stop with :meth:`stop`.
+
+    Create through :meth:`Queue.consume`. Fatal errors (the queue was closed, a mode
+    conflict) are raised from the iteration; Redis outages are retried with backoff
+    and reported as ``error`` events on the queue.
+    """
+
+    _ids = itertools.count(1)
+
+    def __init__(
+        self,
+        queue: Queue,
+        mode: Mode,
+        *,
+        max: int | None,
+        from_id: int,
+        prefetch: int,
+        visibility_timeout: float,
+    ) -> None:
+        if max is not None and max < 1:
+            raise ValueError(f"max must be at least 1, got {max}")
+        if prefetch < 1:
+            raise ValueError(f"prefetch must be at least 1, got {prefetch}")
+        if visibility_timeout <= 0:
+            raise ValueError("visibility_timeout must be positive")
+        if from_id < LATEST:
+            raise ValueError(f"from_id must be a message id (>= 0) or LATEST, got {from_id}")
+        self.queue = queue
+        self.mode = mode
+        self.max = max
+        self.prefetch = prefetch
+        self.visibility_timeout = visibility_timeout
+        self.name = f"{queue._bus.client_id}:{next(self._ids)}"
+        self.delivered = 0
+        self._from_id = from_id
+        self._fetched = 0
+        self._buffer: asyncio.Queue[list[Delivery] | _End] = asyncio.Queue(maxsize=1)
+        self._batch: list[Delivery] = []
+        self._index = 0
+        self._reader: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._finished = False
+        self._acks = _AckBatcher(queue.name, self._flush_acks)
+        self._inflight: asyncio.Future[list[Delivery]] | None = None
+        self._to_delete: list[bytes] = []  # at-most-once: read, to be deleted with the next read
+        self._cursor = "0-0"  # replay: the last stream id read
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Fix the queue's mode and begin fetching (done by ``async with`` or iteration)."""
+        if self._reader is not None:
+            return
+        if self._stopping:
+            raise BusClosedError("consumer was stopped")
+        queue = self.queue
+        current, last_id = await queue._prepare_consumer(self.mode.family)
+        if current != self.mode.family:
+            raise ModeConflictError(queue.name, current, self.mode.family)
+        if self.mode is Mode.REPLAY:
+            start = last_id + 1 if self._from_id == LATEST else max(self._from_id, 1)
+            self._cursor = int_to_stream_id(start - 1)
+        queue._consumers.add(self)
+        self._reader = asyncio.create_task(self._read_loop(), name=f"busmq-consumer {self.name}")
+        queue.events.emit(Event("consuming", queue.name, details={"mode": self.mode.value}))
+
+    def stop(self) -> None:
+        """Stop fetching; iteration ends after the messages already fetched."""
+        self._stopping = True
+
+    async def close(self) -> None:
+        """Stop at once and release what was fetched but not handed out.
+
+        At-least-once deliveries not yet handed out are given back for prompt
+        redelivery. At-most-once messages are removed from Redis when read, so those
+        not yet handed out are lost: they are counted in a ``dropped`` event. To lose
+        nothing, call :meth:`stop` and finish the iteration instead (it drains).
+        """
+        self.stop()
+        leftovers = [d.id for d in self._batch[self._index :]]
+        if self._reader is not None:
+            self._reader.cancel()
+            await asyncio.gather(self._reader, return_exceptions=True)
+        inflight, self._inflight = self._inflight, None
+        if inflight is not None:
+            if self.mode is Mode.AT_MOST_ONCE:
+                # What this read returns is already removed from Redis: let it finish.
+                results = await asyncio.gather(inflight, return_exceptions=True)
+                if isinstance(results[0], list):
+                    leftovers.extend(d.id for d in results[0])
+            else:
+                inflight.cancel()
+        while not self._buffer.empty():
+            item = self._buffer.get_nowait()
+            if isinstance(item, list):
+                leftovers.extend(d.id for d in item)
+        self._batch, self._index = [], 0
+        self._finished = True
+        self._buffer.put_nowait(_End())  # wakes an iteration blocked in another task
+        await self._acks.drain()
+        await self._release(leftovers)
+        if self in self.queue._consumers:
+            self.queue._consumers.discard(self)
+            details = {"consumer": self.name}
+            self.queue.events.emit(Event("stopped", self.queue.name, details=details))
+
+    async def _release(self, leftovers: list[int]) -> None:
+        if self.mode is Mode.AT_LEAST_ONCE and leftovers:
+            try:
+                await self.nack(leftovers)
+            except BusError as exc:
+                log.warning("could not release %d deliveries: %s", len(leftovers), exc)
+        elif self.mode is Mode.AT_MOST_ONCE:
+            if leftovers:
+                self.queue.events.emit(
+                    Event("dropped", self.queue.name, details={"count": len(leftovers)})
+                )
+            if self._to_delete:
+                await self._delete_read(self._to_delete)
+
+    async def __aenter__(self) -> Consumer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- iteration ------------------------------------------------------------------
+
+    def __aiter__(self) -> Consumer:
+        return self
+
+    async def __anext__(self) -> Delivery:
+        if self._index >= len(self._batch):
+            if self._finished:
+                raise StopAsyncIteration
+            if self._reader is None:
+                await self.start()
+            item = await self._buffer.get()
+            if isinstance(item, _End):
+                self._finished = True
+                if item.error is not None:
+                    raise item.error
+                raise StopAsyncIteration
+            self._batch, self._index = item, 0
+        delivery = self._batch[self._index]
+        self._index += 1
+        self.delivered += 1
+        self.queue.consumed += 1
+        return delivery
+
+    async def run(self, handler: Callable[[Delivery], Awaitable[Any]]) -> None:
+        """Call ``handler`` for every delivery until stopped. In at-least-once mode a
+        delivery is acked when the handler returns and nacked when it raises."""
+        async with self:
+            async for delivery in self:
+                try:
+                    await handler(delivery)
+                except Exception:
+                    log.exception("handler failed on %s #%d", self.queue.name, delivery.id)
+                    await delivery.nack()
+                else:
+                    await delivery.ack()
+
+    # -- acknowledgements (at-least-once) ----------------------------------------------
+
+    async def ack(self, ids: Sequence[int]) -> int:
+        """Acknowledge deliveries; see :meth:`Queue.ack`."""
+        return await self.queue.ack(*ids)
+
+    async def ack_upto(self, message_id: int) -> int:
+        """Acknowledge every delivery of this consumer with an id up to ``message_id``.
+        Returns how many were pending and are now acknowledged."""
+        self._require_acks()
+        acked: int = await self.queue._run(
+            lambda c: self.queue._bus.scripts.call(
+                c, "ack_upto", [self.queue._keys.stream], [self.name, int_to_stream_id(message_id)]
+            ),
+            idempotent=True,
+        )
+        return acked
+
+    async def nack(self, ids: Sequence[int]) -> None:
+        """Give deliveries back: they are redelivered at the next claim of any consumer."""
+        self._require_acks()
+        stream = self.queue._keys.stream
+        args: list[int | bytes | str | memoryview] = [int_to_stream_id(i) for i in ids]
+        await self.queue._run(
+            # IDLE far in the past makes them claimable at once; JUSTID keeps the count.
+            lambda c: c.xclaim(
+                stream, CONSUMER_GROUP, self.name, 0, args, idle=10**12, justid=True
+            ),
+            idempotent=True,
+        )
+
+    def _require_acks(self) -> None:
+        if self.mode is not Mode.AT_LEAST_ONCE:
+            raise BusError(f"acks apply to at-least-once consumers, not {self.mode.value}")
+
+    async def _settle(self, message_id: int, ack: bool) -> None:
+        if ack:
+            await self._acks.ack(message_id)
+        else:
+            await self.nack([message_id])
+
+    async def _flush_acks(self, ids: list[int]) -> list[int]:
+        unknown: list[int] = await self.queue._ack_ids(ids)
+        return unknown
+
+    # -- fetching -------------------------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        backoff = 0.05
+        next_claim = 0.0
+        loop = asyncio.get_running_loop()
+        end = _End()
+        try:
+            while not self._stopping:
+                count = self.prefetch
+                if self.max is not None:
+                    count = min(count, self.max - self._fetched)
+                    if count <= 0:
+                        break
+                try:
+                    if self.mode is Mode.AT_LEAST_ONCE and loop.time() >= next_claim:
+                        next_claim = loop.time() + self._claim_interval
+                        batch = await self._claim(count)
+                        if not batch:
+                            batch = await self._fetch(count)
+                    else:
+                        batch = await self._fetch_shielded(count)
+                except BusUnavailableError as exc:
+                    self.queue.events.emit(Event("error", self.queue.name, error=exc))
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, self.queue._bus.settings.reconnect_backoff_max)
+                    continue
+                except _GroupMissing:
+                    await self.queue._prepare_consumer(self.mode.family)
+                    continue
+                backoff = 0.05
+                if batch:
+                    self._fetched += len(batch)
+                    await self._buffer.put(batch)
+        except Exception as exc:
+            end = _End(exc)
+        # Not reached when cancelled by close(), which ends the iteration itself.
+        await self._buffer.put(end)
+
+    async def _fetch_shielded(self, count: int) -> list[Delivery]:
+        # Shielded so that close() can collect a read in flight instead of losing it.
+        self._inflight = asyncio.ensure_future(self._fetch(count))
+        batch = await asyncio.shield(self._inflight)
+        self._inflight = None
+        return batch
+
+    @property
+    def _claim_interval(self) -> float:
+        return min(self.visibility_timeout / 2, self.queue._bus.settings.block_seconds)
+
+    @property
+    def _block_ms(self) -> int:
+        block = self.queue._bus.settings.block_seconds
+        if self.mode is Mode.AT_LEAST_ONCE:
+            block = min(block, self._claim_interval)
+        return max(1, int(block * 1000))
+
+    async def _fetch(self, count: int) -> list[Delivery]:
+        stream = self.queue._keys.stream
+        block = self._block_ms
+        settle = self._settle if self.mode is Mode.AT_LEAST_ONCE else None
+
+        async def read(client: aioredis.Redis) -> Any:
+            if self.mode is Mode.REPLAY:
+                return await client.xread({stream: self._cursor}, count=count, block=block)
+            pipe = client.pipeline(transaction=False)
+            if self.mode is Mode.AT_MOST_ONCE and self._to_delete:
+                pipe.xdel(stream, *self._to_delete)
+            pipe.xreadgroup(
+                CONSUMER_GROUP,
+                self.name,
+                {stream: ">"},
+                count=count,
+                block=block,
+                noack=self.mode is Mode.AT_MOST_ONCE,
+            )
+            results = await pipe.execute(raise_on_error=False)
+            for result in results:
+                if isinstance(result, rex.ResponseError):
+                    if "NOGROUP" in str(result):
+                        raise _GroupMissing
+                    raise result
+            return results[-1]
+
+        reply = await self.queue._run(read, idempotent=True, blocking=True)
+        entries: list[tuple[bytes, dict[bytes, bytes]]] = reply[0][1] if reply else []
+        if self.mode is Mode.AT_MOST_ONCE:
+            self._to_delete = [entry_id for entry_id, _ in entries]
+        if not entries:
+            return []
+        if self.mode is Mode.REPLAY:
+            last = entries[-1][0]
+            self._cursor = last.decode() if isinstance(last, bytes) else last
+        return [Delivery(decode_entry(eid, fields), 1, settle) for eid, fields in entries]
+
+    async def _claim(self, count: int) -> list[Delivery]:
+        stream = self.queue._keys.stream
+        min_idle = int(self.visibility_timeout * 1000)
+        flat: list[Any] = await self.queue._run(
+            lambda c: self.queue._bus.scripts.call(
+                c, "claim", [stream], [self.name, min_idle, count, _FORGET_CONSUMER_MS]
+            ),
+            idempotent=True,
+        )
+        deliveries = []
+        for i in range(0, len(flat), 3):
+            entry_id, times, raw = flat[i], int(flat[i + 1]), flat[i + 2]
+            fields = dict(zip(raw[::2], raw[1::2], strict=True))
+            deliveries.append(Delivery(decode_entry(entry_id, fields), times, self._settle))
+        deliveries.sort(key=lambda d: d.id)
+        return deliveries
+
+    async def _delete_read(self, ids: list[bytes]) -> None:
+        stream = self.queue._keys.stream
+        try:
+            await self.queue._run(lambda c: c.xdel(stream, *ids), idempotent=True)
+            self._to_delete = []
+        except BusError as exc:  # collected later by the lease renewal
+            log.debug("deferred delete of %d read messages: %s", len(ids), exc)
+
+
+class _GroupMissing(Exception):
+    """The consumer group vanished (the stream expired or was recreated)."""
+
+
+class _AckBatcher:
+    """Coalesces acks issued in the same event-loop tick into one round trip."""
+
+    def __init__(self, queue: str, flush: Callable[[list[int]], Awaitable[list[int]]]) -> None:
+        self._queue = queue
+        self._flush_fn = flush
+        self._waiting: dict[int, list[asyncio.Future[None]]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    async def ack(self, message_id: int) -> None:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(message_id, []).append(future)
+        if self._task is None:
+            self._task = asyncio.create_task(self._flush())
+        await future
+
+    async def drain(self) -> None:
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _flush(self) -> None:
+        await asyncio.sleep(0)  # let acks made in this tick join the batch
+        waiting, self._waiting = self._waiting, {}
+        self._task = None
+        try:
+            unknown = set(await self._flush_fn(list(waiting)))
+        except BaseException as exc:
+            for futures in waiting.values():
+                for future in futures:
+                    if not future.done():
+                        future.set_exception(exc)
+            return
+        for message_id, futures in waiting.items():
+            for future in futures:
+                if future.done():
+                    continue
+                if message_id in unknown:
+                    future.set_exception(UnknownMessageError(self._queue, [message_id]))
+                else:
+                    future.set_result(None)

@@ -1,0 +1,140 @@
+"""The exceptions busmq raises.
+
+Every exception derives from :class:`BusError`. Input errors also derive from
+:class:`ValueError` and timeouts from :class:`TimeoutError`, so callers can catch
+them the way they catch the builtins. Redis client exceptions never escape the
+core: they are translated at the shard boundary (:mod:`busmq.shard`).
+
+    BusError
+    ├── InvalidNameError            (ValueError)  queue/channel name outside the allowed set
+    ├── InvalidMessageError         (ValueError)  payload or headers that cannot be encoded
+    │   └── MessageTooLargeError                  encoded message above the configured limit
+    ├── UnknownMessageError         (ValueError)  ack of ids that are not pending
+    ├── NotAttachedError                          operation on a queue that is not attached
+    ├── QueueNotFoundError                        the queue does not exist (expired or closed)
+    ├── ModeConflictError                         destructive and replay consumers mixed
+    ├── QueueFullError                            push above the queue's max backlog
+    ├── BusClosedError                            the bus (or a consumer) was closed
+    ├── RedisCommandError                         Redis refused a command (misconfiguration)
+    ├── BusUnavailableError                       Redis unreachable
+    │   └── BusTimeoutError         (TimeoutError) an operation ran out of time
+    └── EmbeddedRedisError                        the embedded redis-server failed
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class BusError(Exception):
+    """Root of every busmq exception."""
+
+
+class InvalidNameError(BusError, ValueError):
+    """A queue or channel name is empty, too long, or uses characters outside the allowed set."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__(f"invalid name {name!r}: {reason}")
+        self.name = name
+        self.reason = reason
+
+
+class InvalidMessageError(BusError, ValueError):
+    """A payload or header set cannot be encoded as a message."""
+
+
+class MessageTooLargeError(InvalidMessageError):
+    """An encoded message is larger than ``BusSettings.max_message_bytes``."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"message of {size} bytes exceeds the limit of {limit} bytes")
+        self.size = size
+        self.limit = limit
+
+
+class UnknownMessageError(BusError, ValueError):
+    """Ack of ids that are not pending for the queue's consumers.
+
+    The ids that *were* pending have been acknowledged when this is raised; ``ids``
+    lists only the unknown ones (never delivered, already acked, or never issued).
+    """
+
+    def __init__(self, queue: str, ids: Sequence[int]) -> None:
+        shown = ", ".join(str(i) for i in ids[:10]) + (", ..." if len(ids) > 10 else "")
+        super().__init__(f"queue {queue!r}: ids not pending: {shown}")
+        self.queue = queue
+        self.ids = tuple(ids)
+
+
+class NotAttachedError(BusError):
+    """The operation needs the queue to be attached first."""
+
+    def __init__(self, queue: str) -> None:
+        super().__init__(f"queue {queue!r} is not attached")
+        self.queue = queue
+
+
+class QueueNotFoundError(BusError):
+    """The queue does not exist in Redis: it expired, was closed, or was never created."""
+
+    def __init__(self, queue: str) -> None:
+        super().__init__(f"queue {queue!r} does not exist (expired or closed)")
+        self.queue = queue
+
+
+class ModeConflictError(BusError):
+    """A consumer's mode conflicts with the queue's current mode.
+
+    A queue is either destructive (at-most-once and at-least-once consumers share it)
+    or replay (non-destructive readers); the first consumer fixes the mode until the
+    queue is closed or expires.
+    """
+
+    def __init__(self, queue: str, current: str, requested: str) -> None:
+        super().__init__(
+            f"queue {queue!r} is consumed in {current} mode; a {requested} consumer is refused"
+        )
+        self.queue = queue
+        self.current = current
+        self.requested = requested
+
+
+class QueueFullError(BusError):
+    """A push would take the queue above its ``max_backlog``; nothing was stored."""
+
+    def __init__(self, queue: str, limit: int) -> None:
+        super().__init__(f"queue {queue!r} is full (max backlog {limit})")
+        self.queue = queue
+        self.limit = limit
+
+
+class BusClosedError(BusError):
+    """The bus, queue or consumer has been closed."""
+
+
+class RedisCommandError(BusError):
+    """Redis answered a command with an error busmq did not expect.
+
+    This points at a misconfigured server (e.g. a Redis too old for streams) or a
+    bug; the message is Redis's own.
+    """
+
+
+class BusUnavailableError(BusError):
+    """Redis could not be reached; ``shard`` names the deployment (password masked).
+
+    For a push, the outcome is unknown when this is raised after the command was sent:
+    retry with the same ``request_id`` to make the retry idempotent.
+    """
+
+    def __init__(self, message: str, shard: str = "") -> None:
+        super().__init__(f"{message} [{shard}]" if shard else message)
+        self.shard = shard
+
+
+class BusTimeoutError(BusUnavailableError, TimeoutError):
+    """An operation did not complete within ``BusSettings.operation_timeout``."""
+
+
+class EmbeddedRedisError(BusError):
+    """The embedded redis-server could not be found, started, or stopped."""

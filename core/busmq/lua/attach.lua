@@ -1,0 +1,28 @@
+-- Attach (create if ARGV[4] == '1') or renew a lease on a queue.
+-- KEYS: info, stream, meta, leases
+-- ARGV: member, lease_ms, ttl_ms ('' keeps), create, maxlen, maxage_ms, backlog ('' keeps, '0' clears)
+-- Returns {created (0/1), attachments}, or {-1, 0} if the queue is gone and create is off.
+local info, stream, meta, leases = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local now = now_ms()
+local created = 0
+if redis.call('EXISTS', info) == 0 then
+  if ARGV[4] ~= '1' then return {-1, 0} end
+  -- Leftovers of an expired incarnation must not leak into the new one.
+  redis.call('DEL', stream, meta, leases)
+  redis.call('HSET', info, 'seq', 0, 'created', now, 'ttl', ARGV[3])
+  redis.call('XGROUP', 'CREATE', stream, GROUP, '0', 'MKSTREAM')
+  created = 1
+elseif ARGV[3] ~= '' then
+  redis.call('HSET', info, 'ttl', ARGV[3])
+end
+local limits = {maxlen = ARGV[5], maxage = ARGV[6], backlog = ARGV[7]}
+for name, value in pairs(limits) do
+  if value == '0' then redis.call('HDEL', info, name)
+  elseif value ~= '' then redis.call('HSET', info, name, value) end
+end
+redis.call('ZADD', leases, now + tonumber(ARGV[2]), ARGV[1])
+local conf = redis.call('HMGET', info, 'maxage', 'mode')
+if conf[1] then trim_age(stream, now - tonumber(conf[1])) end
+if conf[2] == 'destructive' then collect_consumed(stream) end
+local ttl = tonumber(redis.call('HGET', info, 'ttl'))
+return {created, refresh_expiry(KEYS, leases, now, ttl)}

@@ -1,0 +1,16 @@
+-- Make a queue ready for a consumer. KEYS: info, stream. ARGV: mode family
+-- ('destructive' or 'replay'). Fixes the queue's mode if unset and (re)creates the
+-- consumer group if it is missing. Returns {mode in force, last id}.
+local info, stream = KEYS[1], KEYS[2]
+if redis.call('EXISTS', info) == 0 then return redis.error_reply('NOQUEUE queue does not exist') end
+local current = redis.call('HGET', info, 'mode')
+if not current then
+  redis.call('HSET', info, 'mode', ARGV[1])
+  current = ARGV[1]
+end
+if not pcall(redis.call, 'XINFO', 'GROUPS', stream) or #redis.call('XINFO', 'GROUPS', stream) == 0 then
+  redis.call('XGROUP', 'CREATE', stream, GROUP, '0', 'MKSTREAM')
+  local pttl = redis.call('PTTL', info)
+  if pttl > 0 then redis.call('PEXPIRE', stream, pttl) end
+end
+return {current, tonumber(redis.call('HGET', info, 'seq'))}

@@ -1,0 +1,183 @@
+"""Messages: how payloads are encoded into stream entries and decoded back.
+
+A message is bytes, text or a JSON value, plus optional string headers. The kind is
+stored beside the payload so a consumer gets back what the producer pushed. Payloads
+are never pickled.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from .errors import InvalidMessageError, MessageTooLargeError
+
+# Stream entry field names; short because they are stored once per message.
+F_PAYLOAD = b"p"
+F_KIND = b"k"
+F_HEADERS = b"h"
+F_TIME = b"t"
+
+
+class PayloadKind(Enum):
+    """How a payload's bytes are to be read."""
+
+    BYTES = b"b"
+    TEXT = b"s"
+    JSON = b"j"
+
+
+Payload = (
+    bytes | bytearray | memoryview | str | int | float | bool | None | list[Any] | dict[str, Any]
+)
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedMessage:
+    """A message ready to be stored: payload bytes, kind and encoded headers."""
+
+    payload: bytes
+    kind: PayloadKind
+    headers: bytes  # JSON object, or b"" when there are none
+
+    @property
+    def size(self) -> int:
+        return len(self.payload) + len(self.headers)
+
+
+def encode(value: Payload, headers: Mapping[str, str] | None, limit: int) -> EncodedMessage:
+    """Encode one message, refusing what cannot be stored faithfully.
+
+    Raises:
+        InvalidMessageError: the value is not JSON-serialisable, or headers are not str->str.
+        MessageTooLargeError: payload plus headers exceed ``limit`` bytes.
+    """
+    if isinstance(value, bytes | bytearray | memoryview):
+        payload, kind = bytes(value), PayloadKind.BYTES
+    elif isinstance(value, str):
+        payload, kind = value.encode("utf-8"), PayloadKind.TEXT
+    else:
+        payload, kind = _dump_json(value), PayloadKind.JSON
+    encoded_headers = _encode_headers(headers) if headers else b""
+    message = EncodedMessage(payload, kind, encoded_headers)
+    if message.size > limit:
+        raise MessageTooLargeError(message.size, limit)
+    return message
+
+
+def _dump_json(value: object) -> bytes:
+    try:
+        return json.dumps(value, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise InvalidMessageError(f"payload is not JSON-serialisable: {exc}") from None
+
+
+def _encode_headers(headers: Mapping[str, str]) -> bytes:
+    for key, val in headers.items():
+        if not isinstance(key, str) or not key or not isinstance(val, str):
+            raise InvalidMessageError(
+                f"headers must map non-empty str to str, got {key!r}: {type(val).__name__}"
+            )
+    return json.dumps(dict(headers), separators=(",", ":")).encode("utf-8")
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A message as stored in a queue.
+
+    Attributes:
+        id: the message's integer id, strictly increasing per queue.
+        payload: the raw payload bytes.
+        kind: how ``payload`` is to be read (see :attr:`data`).
+        headers: the string headers given at push.
+        timestamp_ms: when Redis stored the message (Unix ms).
+    """
+
+    id: int
+    payload: bytes
+    kind: PayloadKind = PayloadKind.BYTES
+    headers: Mapping[str, str] = field(default_factory=dict)
+    timestamp_ms: int = 0
+
+    @property
+    def data(self) -> Any:
+        """The value as pushed: ``bytes``, ``str``, or the decoded JSON value."""
+        if self.kind is PayloadKind.BYTES:
+            return self.payload
+        if self.kind is PayloadKind.TEXT:
+            return self.payload.decode("utf-8")
+        return json.loads(self.payload)
+
+
+def decode_entry(entry_id: bytes, fields: Mapping[bytes, bytes]) -> Message:
+    """Build a :class:`Message` from a stream entry (``<id>-0`` and its field map)."""
+    raw_headers = fields.get(F_HEADERS)
+    return Message(
+        id=stream_id_to_int(entry_id),
+        payload=fields.get(F_PAYLOAD, b""),
+        kind=PayloadKind(fields.get(F_KIND, b"b")),
+        headers=json.loads(raw_headers) if raw_headers else {},
+        timestamp_ms=int(fields.get(F_TIME, b"0")),
+    )
+
+
+def stream_id_to_int(entry_id: bytes | str) -> int:
+    """``b"42-0"`` -> ``42``: message ids are the millisecond part of the stream id."""
+    if isinstance(entry_id, bytes):
+        return int(entry_id[: entry_id.index(b"-")])
+    return int(entry_id[: entry_id.index("-")])
+
+
+def int_to_stream_id(message_id: int) -> str:
+    return f"{message_id}-0"
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """A message handed to a consumer, with what the consumer needs to settle it.
+
+    In at-least-once mode call :meth:`ack` once processed, or :meth:`nack` to have it
+    redelivered promptly. In the other modes both are no-ops.
+
+    Attributes:
+        message: the message.
+        delivery_count: how many times it has been delivered (1 on first delivery).
+    """
+
+    message: Message
+    delivery_count: int = 1
+    _settle: Callable[[int, bool], Awaitable[None]] | None = None
+
+    @property
+    def id(self) -> int:
+        return self.message.id
+
+    @property
+    def data(self) -> Any:
+        return self.message.data
+
+    @property
+    def payload(self) -> bytes:
+        return self.message.payload
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        return self.message.headers
+
+    @property
+    def redelivered(self) -> bool:
+        return self.delivery_count > 1
+
+    async def ack(self) -> None:
+        """Acknowledge this delivery (at-least-once); raises ``UnknownMessageError`` if it
+        is no longer pending (already acked, or reclaimed and acked by another consumer)."""
+        if self._settle is not None:
+            await self._settle(self.message.id, True)
+
+    async def nack(self) -> None:
+        """Give the delivery back so it is redelivered promptly (at-least-once)."""
+        if self._settle is not None:
+            await self._settle(self.message.id, False)

@@ -1,0 +1,398 @@
+"""Queues: ordered, sharded message queues with attach/detach leases and expiry."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import redis.asyncio as aioredis
+
+from .consumer import LATEST, Consumer, Mode
+from .errors import (
+    BusClosedError,
+    NotAttachedError,
+    QueueFullError,
+    QueueNotFoundError,
+    RedisCommandError,
+    UnknownMessageError,
+)
+from .events import Event, EventHub
+from .keys import QueueKeys, validate_name
+from .message import EncodedMessage, Payload, encode, int_to_stream_id, stream_id_to_int
+
+if TYPE_CHECKING:
+    from .bus import Bus
+    from .shard import Shard
+
+T = TypeVar("T")
+Headers = Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class Retention:
+    """How much history a queue keeps: at most ``max_length`` messages and none older
+    than ``max_age`` seconds. Trimming drops the oldest messages whether or not they
+    were consumed; it is meant for replay queues (and as a safety cap)."""
+
+    max_length: int | None = None
+    max_age: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_length is not None and self.max_length < 1:
+            raise ValueError("Retention.max_length must be at least 1")
+        if self.max_age is not None and self.max_age <= 0:
+            raise ValueError("Retention.max_age must be positive")
+
+
+class Queue:
+    """A named queue on the bus. Obtain with :meth:`Bus.queue`.
+
+    A queue lives while at least one client is attached; after the last detach it
+    expires, with its messages, after its idle ``ttl``. ``async with queue:`` attaches
+    and detaches.
+    """
+
+    _attachments = itertools.count(1)
+
+    def __init__(self, bus: Bus, name: str) -> None:
+        self.name = validate_name(name)
+        self._bus = bus
+        self._keys = QueueKeys(self.name)
+        self._shard: Shard | None = None
+        self._member: str | None = None
+        self._consumers: set[Consumer] = set()
+        self.events: EventHub[Event] = EventHub()
+        self.pushed = 0
+        """Messages this client pushed to the queue."""
+        self.consumed = 0
+        """Messages this client's consumers handed out."""
+
+    def __repr__(self) -> str:
+        return f"<Queue {self.name!r} attached={self.attached}>"
+
+    @property
+    def attached(self) -> bool:
+        return self._member is not None
+
+    # -- attachment ---------------------------------------------------------------
+
+    async def attach(
+        self,
+        *,
+        ttl: float | None = None,
+        retention: Retention | None = None,
+        max_backlog: int | None = None,
+    ) -> bool:
+        """Attach to the queue, creating it if needed; returns whether it was created.
+
+        Args:
+            ttl: seconds the queue survives after the last client detached
+                (default ``BusSettings.default_ttl``; the last attach that sets it wins).
+            retention: history bound, see :class:`Retention` (``None`` keeps the current).
+            max_backlog: refuse pushes (``QueueFullError``) that would store more than
+                this many messages (``None`` keeps the current, ``0`` removes the limit).
+        """
+        if self._member is not None:
+            return False
+        ttl_ms = _ms(ttl if ttl is not None else self._bus.settings.default_ttl)
+        if ttl_ms < 1:
+            raise ValueError("ttl must be positive")
+        if max_backlog is not None and max_backlog < 0:
+            raise ValueError("max_backlog must not be negative")
+        self._shard = await self._bus._locate(self.name)
+        member = f"{self._bus.client_id}:{next(self._attachments)}"
+        limits = _limit_args(retention, max_backlog)
+        created, _ = await self._lease(member, create=True, ttl_ms=str(ttl_ms), limits=limits)
+        self._member = member
+        self._bus._attached.add(self)
+        self.events.emit(Event("attached", self.name, details={"created": bool(created)}))
+        return bool(created)
+
+    async def detach(self) -> None:
+        """Stop this client's consumers and release the attachment."""
+        if self._member is None:
+            return
+        for consumer in tuple(self._consumers):
+            await consumer.close()
+        member, self._member = self._member, None
+        self._bus._attached.discard(self)
+        try:
+            await self._run(
+                lambda c: self._bus.scripts.call(c, "detach", self._keys.all(), [member]),
+                idempotent=True,
+            )
+        finally:
+            self.events.emit(Event("detached", self.name))
+
+    async def renew(self) -> bool:
+        """Renew the attachment lease (the bus does this on its own); returns False and
+        detaches if the queue no longer exists."""
+        if self._member is None:
+            return False
+        created, _ = await self._lease(self._member, create=False, ttl_ms="", limits=("", "", ""))
+        if created == -1:
+            await self._lost()
+            return False
+        return True
+
+    async def _lease(
+        self, member: str, *, create: bool, ttl_ms: str, limits: tuple[str, str, str]
+    ) -> tuple[int, int]:
+        lease_ms = _ms(self._bus.settings.lease_seconds)
+        reply = await self._run(
+            lambda c: self._bus.scripts.call(
+                c,
+                "attach",
+                self._keys.all(),
+                [member, lease_ms, ttl_ms, "1" if create else "0", *limits],
+            ),
+            idempotent=True,
+        )
+        return int(reply[0]), int(reply[1])
+
+    async def _lost(self) -> None:
+        """The queue was closed elsewhere or expired: end consumers, drop the attachment."""
+        self._member = None
+        self._bus._attached.discard(self)
+        for consumer in tuple(self._consumers):
+            await consumer.close()
+        self.events.emit(Event("closed", self.name))
+
+    async def __aenter__(self) -> Queue:
+        await self.attach()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.detach()
+
+    # -- pushing --------------------------------------------------------------------
+
+    async def push(
+        self, value: Payload, *, headers: Headers | None = None, request_id: str | None = None
+    ) -> int:
+        """Push one message; returns its id.
+
+        ``value`` is bytes, str, or a JSON-serialisable value. Give a ``request_id`` to
+        make retries idempotent: a push with a ``request_id`` seen in the last
+        ``BusSettings.dedupe_seconds`` stores nothing and returns the original id.
+        """
+        ids = await self.push_batch([(value, headers)], request_id=request_id)
+        return ids[0]
+
+    async def push_batch(
+        self,
+        items: Iterable[Payload | tuple[Payload, Headers | None]],
+        *,
+        request_id: str | None = None,
+    ) -> list[int]:
+        """Push several messages atomically, in order, in one round trip; returns their ids.
+
+        Each item is a value or a ``(value, headers)`` pair. Either all are stored or,
+        on error, none.
+        """
+        self._require_attached()
+        limit = self._bus.settings.max_message_bytes
+        encoded = [_encode_item(item, limit) for item in items]
+        if not encoded:
+            return []
+        args: list[bytes | str | int] = [_ms(self._bus.settings.dedupe_seconds)]
+        for message in encoded:
+            args += (message.payload, message.kind.value, message.headers)
+        keys = [self._keys.info, self._keys.stream]
+        if request_id is not None:
+            if not request_id or len(request_id) > 200:
+                raise ValueError("request_id must be 1-200 characters")
+            keys.append(self._keys.dedupe_prefix + request_id)
+        try:
+            first, duplicate = await self._run(
+                lambda c: self._bus.scripts.call(c, "push", keys, args), idempotent=False
+            )
+        except RedisCommandError as exc:
+            raise self._script_error(exc) from None
+        if not duplicate:
+            self.pushed += len(encoded)
+        return list(range(int(first), int(first) + len(encoded)))
+
+    # -- consuming ------------------------------------------------------------------
+
+    def consume(
+        self,
+        mode: Mode = Mode.AT_MOST_ONCE,
+        *,
+        max: int | None = None,
+        from_id: int = LATEST,
+        prefetch: int = 100,
+        visibility_timeout: float = 30.0,
+    ) -> Consumer:
+        """A consumer of this queue: ``async with queue.consume(...) as c: async for d in c``.
+
+        Args:
+            mode: at-most-once (default), at-least-once, or replay. Destructive modes
+                (the first two) and replay are exclusive per queue: the first consumer
+                fixes it until the queue is closed or expires.
+            max: stop after this many messages.
+            from_id: replay only: the first id to read (0 for the oldest retained), or
+                ``LATEST`` for only messages pushed from now on.
+            prefetch: messages fetched per read, and the bound on read-ahead.
+            visibility_timeout: at-least-once: seconds a delivery may stay unacked
+                before another consumer takes it over.
+        """
+        self._require_attached()
+        return Consumer(
+            self,
+            mode,
+            max=max,
+            from_id=from_id,
+            prefetch=prefetch,
+            visibility_timeout=visibility_timeout,
+        )
+
+    async def ack(self, *ids: int) -> int:
+        """Acknowledge at-least-once deliveries by id, whichever consumer received them.
+
+        Returns how many were acknowledged. Raises :class:`UnknownMessageError` naming
+        ids that were not pending, after acknowledging the others.
+        """
+        unknown = await self._ack_ids(list(ids))
+        if unknown:
+            raise UnknownMessageError(self.name, unknown)
+        return len(ids)
+
+    async def _ack_ids(self, ids: list[int]) -> list[int]:
+        if not ids:
+            return []
+        stream_ids = [int_to_stream_id(i) for i in ids]
+        unknown: list[bytes] = await self._run(
+            lambda c: self._bus.scripts.call(c, "ack", [self._keys.stream], stream_ids),
+            idempotent=False,
+        )
+        return [stream_id_to_int(u) for u in unknown]
+
+    async def _prepare_consumer(self, family: str) -> tuple[str, int]:
+        try:
+            mode, last_id = await self._run(
+                lambda c: self._bus.scripts.call(
+                    c, "prepare_consumer", [self._keys.info, self._keys.stream], [family]
+                ),
+                idempotent=True,
+            )
+        except RedisCommandError as exc:
+            raise self._script_error(exc) from None
+        family = mode.decode() if isinstance(mode, bytes) else str(mode)
+        return family, int(last_id)
+
+    # -- inspection and management ------------------------------------------------
+
+    async def count(self) -> int:
+        """Messages stored: not yet consumed, plus delivered-but-unacked (at-least-once),
+        or the retained history (replay)."""
+        return int(await self._run(lambda c: c.xlen(self._keys.stream), idempotent=True))
+
+    async def exists(self) -> bool:
+        return bool(await self._run(lambda c: c.exists(self._keys.info), idempotent=True))
+
+    async def ttl(self) -> float | None:
+        """Seconds until the queue expires if no client renews an attachment, or
+        ``None`` if it does not exist."""
+        pttl = int(await self._run(lambda c: c.pttl(self._keys.info), idempotent=True))
+        return None if pttl < 0 else pttl / 1000
+
+    async def last_id(self) -> int:
+        """The id of the last message pushed (0 if none)."""
+        seq = await self._run(lambda c: c.hget(self._keys.info, "seq"), idempotent=True)
+        return int(seq or 0)
+
+    async def flush(self) -> None:
+        """Remove every stored message; ids keep increasing from where they were."""
+        self._require_attached()
+        await self._run(lambda c: c.xtrim(self._keys.stream, maxlen=0), idempotent=True)
+
+    async def close(self) -> None:
+        """Destroy the queue for every client: its messages, metadata and attachments.
+        Other clients' consumers end; their next renewal reports ``closed``."""
+        for consumer in tuple(self._consumers):
+            await consumer.close()
+        await self._run(lambda c: c.delete(*self._keys.all()), idempotent=True)
+        if self._member is not None:
+            await self._lost()
+
+    async def metadata(self) -> dict[str, str]:
+        """The queue's user metadata."""
+        raw: dict[bytes, bytes] = await self._run(
+            lambda c: c.hgetall(self._keys.meta),  # type: ignore[arg-type,return-value]
+            idempotent=True,
+        )
+        return {k.decode(): v.decode() for k, v in raw.items()}
+
+    async def set_metadata(self, values: Mapping[str, str]) -> None:
+        """Set user metadata fields (strings); they expire with the queue."""
+        self._require_attached()
+        if not values:
+            return
+        if not all(isinstance(k, str) and k and isinstance(v, str) for k, v in values.items()):
+            raise ValueError("metadata must map non-empty str to str")
+        await self._run(
+            lambda c: _hset_keep_ttl(c, self._keys.meta, self._keys.info, values), idempotent=True
+        )
+
+    # -- plumbing -------------------------------------------------------------------
+
+    def _require_attached(self) -> None:
+        if self._bus.closed:
+            raise BusClosedError("the bus is closed")
+        if self._member is None:
+            raise NotAttachedError(self.name)
+
+    async def _run(
+        self,
+        call: Callable[[aioredis.Redis], Awaitable[T]],
+        *,
+        idempotent: bool,
+        blocking: bool = False,
+    ) -> T:
+        shard = self._shard or await self._bus._locate(self.name)
+        self._shard = shard
+        return await shard.run(call, idempotent=idempotent, blocking=blocking)
+
+    def _script_error(self, exc: RedisCommandError) -> Exception:
+        text = str(exc)
+        if text.startswith("NOQUEUE"):
+            return QueueNotFoundError(self.name)
+        if text.startswith("FULL"):
+            return QueueFullError(self.name, int(text.split()[1]))
+        return exc
+
+
+def _ms(seconds: float) -> int:
+    return int(seconds * 1000)
+
+
+def _limit_args(retention: Retention | None, max_backlog: int | None) -> tuple[str, str, str]:
+    if retention is None:
+        maxlen = maxage = ""
+    else:
+        maxlen = str(retention.max_length or 0)
+        maxage = str(_ms(retention.max_age) if retention.max_age else 0)
+    backlog = "" if max_backlog is None else str(max_backlog)
+    return maxlen, maxage, backlog
+
+
+def _encode_item(item: Any, limit: int) -> EncodedMessage:
+    if isinstance(item, tuple):
+        if len(item) != 2:
+            raise ValueError("a batch item is a value or a (value, headers) pair")
+        return encode(item[0], item[1], limit)
+    return encode(item, None, limit)
+
+
+async def _hset_keep_ttl(
+    client: aioredis.Redis, key: str, info: str, values: Mapping[str, str]
+) -> None:
+    pipe = client.pipeline(transaction=True)
+    pipe.hset(key, mapping=dict(values))  # type: ignore[arg-type]
+    pipe.pttl(info)
+    _, pttl = await pipe.execute()
+    if pttl > 0:
+        await client.pexpire(key, pttl)

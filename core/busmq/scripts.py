@@ -1,0 +1,41 @@
+"""The Lua scripts that make multi-key queue operations atomic and single-round-trip.
+
+Each script touches only keys of one queue (one ``{name}`` hash tag), so it runs
+unchanged on Redis Cluster. The sources live in ``lua/``; ``prelude.lua`` holds
+helpers shared by all of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from importlib import resources
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.commands.core import AsyncScript
+
+
+def _source(name: str) -> str:
+    lua = resources.files(__package__) / "lua"
+    return (lua / "prelude.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
+
+
+class Scripts:
+    """The scripts, run with EVALSHA on any client (loaded again on NOSCRIPT)."""
+
+    NAMES = ("attach", "detach", "push", "ack", "ack_upto", "claim", "prepare_consumer")
+
+    def __init__(self, client: aioredis.Redis) -> None:
+        self._scripts: dict[str, AsyncScript] = {
+            name: client.register_script(_source(name)) for name in self.NAMES
+        }
+
+    async def call(
+        self,
+        client: aioredis.Redis,
+        name: str,
+        keys: Sequence[str],
+        args: Sequence[str | bytes | int | float],
+    ) -> Any:
+        """Run script ``name`` on ``client`` (loading it first if the server lost it)."""
+        return await self._scripts[name](keys=list(keys), args=list(args), client=client)

@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from busmq import Bus, BusSettings
+from tests.support.redis_server import RedisServer
+
+FAST = {
+    "lease_seconds": 3.0,
+    "block_seconds": 0.2,
+    "operation_timeout": 3.0,
+    "health_interval": 0.2,
+    "reconnect_backoff_max": 0.5,
+}
+
+
+def fast_settings(urls: list[str], **overrides: Any) -> BusSettings:
+    """Settings with short leases and reads so tests observe expiry and recovery quickly."""
+    return BusSettings(redis_urls=tuple(urls), **{**FAST, **overrides})
+
+
+@pytest.fixture
+async def redis_server(tmp_path: Path) -> AsyncIterator[RedisServer]:
+    async with RedisServer(tmp_path / "redis") as server:
+        yield server
+
+
+@pytest.fixture(params=[1, 3], ids=["1-shard", "3-shards"])
+async def shard_urls(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[list[str]]:
+    servers = [RedisServer(tmp_path / f"shard{i}") for i in range(request.param)]
+    try:
+        for server in servers:
+            await server.start()
+        yield [s.url for s in servers]
+    finally:
+        for server in servers:
+            await server.stop()
+
+
+@pytest.fixture
+async def make_bus() -> AsyncIterator[Callable[..., Any]]:
+    """``bus = await make_bus(urls, **settings)``: connected, closed after the test."""
+    buses: list[Bus] = []
+
+    async def factory(urls: list[str], **overrides: Any) -> Bus:
+        bus = Bus(fast_settings(urls, **overrides))
+        await bus.connect()
+        buses.append(bus)
+        return bus
+
+    yield factory
+    for bus in buses:
+        await bus.close()
+
+
+@pytest.fixture
+async def bus(shard_urls: list[str], make_bus: Callable[..., Any]) -> Bus:
+    result: Bus = await make_bus(shard_urls)
+    return result
