@@ -56,6 +56,7 @@ class Bus:
         self.embedded: EmbeddedRedis | None = None
         self.scripts: Scripts
         self._attached: set[Queue] = set()
+        self._locations: dict[str, Shard] = {}  # queues known to exist, by name
         self._renewer: asyncio.Task[None] | None = None
         self._state = BusState.CREATED
         self.events.on(self._track_state)
@@ -145,9 +146,12 @@ class Bus:
         """
         if not self.shards:
             raise BusError("the bus is not connected")
+        if len(self.shards) == 1:
+            return self.shards[0]
+        known = self._locations.get(name)
+        if known is not None:
+            return known
         order = [self.shards[i] for i in rank([s.identity for s in self.shards], name)]
-        if len(order) == 1:
-            return order[0]
         info = QueueKeys(name).info
 
         async def exists(client: aioredis.Redis) -> int:
@@ -156,8 +160,13 @@ class Bus:
         found = await asyncio.gather(*(s.run(exists, idempotent=True) for s in order))
         for shard, present in zip(order, found, strict=True):
             if present:
+                self._locations[name] = shard
                 return shard
         return order[0]
+
+    def _forget_location(self, name: str) -> None:
+        """The queue is gone from where it was: locate it afresh next time."""
+        self._locations.pop(name, None)
 
     # -- leases ---------------------------------------------------------------------
 
@@ -165,7 +174,7 @@ class Bus:
         interval = self.settings.lease_seconds / 3
         while True:
             await asyncio.sleep(interval)
-            await self._renew(tuple(self._attached))
+            await self._renew(tuple(q for q in self._attached if q._auto_renew))
 
     async def _renew(self, queues: Iterable[Queue]) -> None:
         results = await asyncio.gather(*(q.renew() for q in queues), return_exceptions=True)

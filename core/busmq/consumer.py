@@ -31,6 +31,7 @@ from .errors import (
     BusError,
     BusUnavailableError,
     ModeConflictError,
+    QueueNotFoundError,
     UnknownMessageError,
 )
 from .events import Event
@@ -340,9 +341,15 @@ class Consumer:
         settle = self._settle if self.mode is Mode.AT_LEAST_ONCE else None
 
         async def read(client: aioredis.Redis) -> Any:
-            if self.mode is Mode.REPLAY:
-                return await client.xread({stream: self._cursor}, count=count, block=block)
             pipe = client.pipeline(transaction=False)
+            if self.mode is Mode.REPLAY:
+                # XREAD waits on a missing stream forever: notice a closed queue instead.
+                pipe.exists(self.queue._keys.info)
+                pipe.xread({stream: self._cursor}, count=count, block=block)
+                exists, entries = await pipe.execute()
+                if not exists:
+                    raise QueueNotFoundError(self.queue.name)
+                return entries
             if self.mode is Mode.AT_MOST_ONCE and self._to_delete:
                 pipe.xdel(stream, *self._to_delete)
             pipe.xreadgroup(

@@ -10,7 +10,6 @@ core: they are translated at the shard boundary (:mod:`busmq.shard`).
     ├── InvalidMessageError         (ValueError)  payload or headers that cannot be encoded
     │   └── MessageTooLargeError                  encoded message above the configured limit
     ├── UnknownMessageError         (ValueError)  ack of ids that are not pending
-    ├── NotAttachedError                          operation on a queue that is not attached
     ├── QueueNotFoundError                        the queue does not exist (expired or closed)
     ├── ModeConflictError                         destructive and replay consumers mixed
     ├── QueueFullError                            push above the queue's max backlog
@@ -64,14 +63,6 @@ class UnknownMessageError(BusError, ValueError):
         super().__init__(f"queue {queue!r}: ids not pending: {shown}")
         self.queue = queue
         self.ids = tuple(ids)
-
-
-class NotAttachedError(BusError):
-    """The operation needs the queue to be attached first."""
-
-    def __init__(self, queue: str) -> None:
-        super().__init__(f"queue {queue!r} is not attached")
-        self.queue = queue
 
 
 class QueueNotFoundError(BusError):

@@ -12,7 +12,6 @@ import redis.asyncio as aioredis
 from .consumer import LATEST, Consumer, Mode
 from .errors import (
     BusClosedError,
-    NotAttachedError,
     QueueFullError,
     QueueNotFoundError,
     RedisCommandError,
@@ -51,7 +50,8 @@ class Queue:
 
     A queue lives while at least one client is attached; after the last detach it
     expires, with its messages, after its idle ``ttl``. ``async with queue:`` attaches
-    and detaches.
+    and detaches. Attaching creates the queue; every other operation works on a queue
+    that exists, attached or not, and raises :class:`QueueNotFoundError` otherwise.
     """
 
     _attachments = itertools.count(1)
@@ -62,6 +62,7 @@ class Queue:
         self._keys = QueueKeys(self.name)
         self._shard: Shard | None = None
         self._member: str | None = None
+        self._auto_renew = True
         self._consumers: set[Consumer] = set()
         self.events: EventHub[Event] = EventHub()
         self.pushed = 0
@@ -84,6 +85,7 @@ class Queue:
         ttl: float | None = None,
         retention: Retention | None = None,
         max_backlog: int | None = None,
+        auto_renew: bool = True,
     ) -> bool:
         """Attach to the queue, creating it if needed; returns whether it was created.
 
@@ -93,6 +95,8 @@ class Queue:
             retention: history bound, see :class:`Retention` (``None`` keeps the current).
             max_backlog: refuse pushes (``QueueFullError``) that would store more than
                 this many messages (``None`` keeps the current, ``0`` removes the limit).
+            auto_renew: renew the lease from the bus (default). With ``False`` the
+                caller renews with :meth:`renew` (the gateway does this for its clients).
         """
         if self._member is not None:
             return False
@@ -105,7 +109,9 @@ class Queue:
         member = f"{self._bus.client_id}:{next(self._attachments)}"
         limits = _limit_args(retention, max_backlog)
         created, _ = await self._lease(member, create=True, ttl_ms=str(ttl_ms), limits=limits)
+        self._bus._locations[self.name] = self._shard
         self._member = member
+        self._auto_renew = auto_renew
         self._bus._attached.add(self)
         self.events.emit(Event("attached", self.name, details={"created": bool(created)}))
         return bool(created)
@@ -192,7 +198,7 @@ class Queue:
         Each item is a value or a ``(value, headers)`` pair. Either all are stored or,
         on error, none.
         """
-        self._require_attached()
+        self._require_open()
         limit = self._bus.settings.max_message_bytes
         encoded = [_encode_item(item, limit) for item in items]
         if not encoded:
@@ -239,7 +245,7 @@ class Queue:
             visibility_timeout: at-least-once: seconds a delivery may stay unacked
                 before another consumer takes it over.
         """
-        self._require_attached()
+        self._require_open()
         return Consumer(
             self,
             mode,
@@ -306,7 +312,8 @@ class Queue:
 
     async def flush(self) -> None:
         """Remove every stored message; ids keep increasing from where they were."""
-        self._require_attached()
+        self._require_open()
+        await self._require_exists()
         await self._run(lambda c: c.xtrim(self._keys.stream, maxlen=0), idempotent=True)
 
     async def close(self) -> None:
@@ -315,6 +322,7 @@ class Queue:
         for consumer in tuple(self._consumers):
             await consumer.close()
         await self._run(lambda c: c.delete(*self._keys.all()), idempotent=True)
+        self._bus._forget_location(self.name)
         if self._member is not None:
             await self._lost()
 
@@ -328,7 +336,8 @@ class Queue:
 
     async def set_metadata(self, values: Mapping[str, str]) -> None:
         """Set user metadata fields (strings); they expire with the queue."""
-        self._require_attached()
+        self._require_open()
+        await self._require_exists()
         if not values:
             return
         if not all(isinstance(k, str) and k and isinstance(v, str) for k, v in values.items()):
@@ -339,11 +348,13 @@ class Queue:
 
     # -- plumbing -------------------------------------------------------------------
 
-    def _require_attached(self) -> None:
+    def _require_open(self) -> None:
         if self._bus.closed:
             raise BusClosedError("the bus is closed")
-        if self._member is None:
-            raise NotAttachedError(self.name)
+
+    async def _require_exists(self) -> None:
+        if not await self.exists():
+            raise QueueNotFoundError(self.name)
 
     async def _run(
         self,
@@ -359,6 +370,8 @@ class Queue:
     def _script_error(self, exc: RedisCommandError) -> Exception:
         text = str(exc)
         if text.startswith("NOQUEUE"):
+            self._shard = None
+            self._bus._forget_location(self.name)
             return QueueNotFoundError(self.name)
         if text.startswith("FULL"):
             return QueueFullError(self.name, int(text.split()[1]))

@@ -13,7 +13,6 @@ from busmq import (
     InvalidNameError,
     MessageTooLargeError,
     Mode,
-    NotAttachedError,
     QueueFullError,
     QueueNotFoundError,
 )
@@ -161,11 +160,24 @@ async def test_bad_payloads_are_refused_and_nothing_accepted_is_lost(
             assert [d.data async for d in consumer] == ["kept"]
 
 
-async def test_operations_on_a_detached_queue_say_so(bus: Bus) -> None:
-    queue = bus.queue("detached")
-    with pytest.raises(NotAttachedError):
+async def test_operations_on_a_queue_that_does_not_exist_say_so(bus: Bus) -> None:
+    queue = bus.queue("never-attached")
+    with pytest.raises(QueueNotFoundError):
         await queue.push("x")
-    with pytest.raises(NotAttachedError):
-        queue.consume()
+    with pytest.raises(QueueNotFoundError):
+        async with queue.consume():
+            pass
+    with pytest.raises(QueueNotFoundError):
+        await queue.flush()
+    with pytest.raises(QueueNotFoundError):
+        await queue.set_metadata({"a": "b"})
     assert not await queue.exists()
     assert await queue.ttl() is None
+
+
+async def test_an_unattached_handle_pushes_and_consumes_on_an_existing_queue(bus: Bus) -> None:
+    async with bus.queue("shared-handle"):
+        producer = bus.queue("shared-handle")
+        assert await producer.push("from a handle") == 1
+        async with producer.consume(max=1) as consumer:
+            assert [d.data async for d in consumer] == ["from a handle"]

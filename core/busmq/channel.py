@@ -1,0 +1,531 @@
+"""Channels: bidirectional peer-to-peer links built on two queues of the bus.
+
+A channel ``N`` between roles ``a`` and ``b`` is the pair of queues ``N:to:a`` (what
+the end playing ``a`` receives) and ``N:to:b``. Each end attaches both queues, so the
+channel lives (and is sharded, and expires) exactly like its queues: while an end is
+attached, then for the idle ttl. A peer may send before the other end connected: the
+messages wait in the other end's queue.
+
+Control signals travel as messages on the same queues, marked by the header
+``busmq-control`` (``connect``, ``disconnect``, ``end``), so they keep their order
+with the data: a peer sees every message sent before a ``disconnect`` or ``end``
+first. Data headers starting with ``busmq-`` are reserved.
+
+``end()`` pushes ``end`` to the peer's queue, deletes its own queue and detaches the
+peer's; the peer deletes that one when it takes the ``end`` (if no peer ever comes,
+it expires after the ttl like any queue).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import enum
+import logging
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING
+
+from .consumer import Consumer, Mode
+from .errors import BusError, InvalidMessageError, InvalidNameError, NotAttachedError
+from .errors import QueueNotFoundError as _QueueNotFound
+from .events import Event, EventHub
+from .keys import MAX_NAME_LENGTH, validate_name
+from .message import Delivery, Payload
+from .queue import Queue
+
+if TYPE_CHECKING:
+    from .bus import Bus
+
+log = logging.getLogger(__name__)
+
+CONTROL_HEADER = "busmq-control"
+"""Header that marks a control message; its value is ``connect``, ``disconnect`` or ``end``."""
+RESERVED_HEADER_PREFIX = "busmq-"
+QUEUE_INFIX = ":to:"
+MAX_ROLE_LENGTH = 40
+_ROLE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@/-]*")
+_DISCONNECT_DRAIN_SECONDS = 0.5
+
+Handler = Callable[[Delivery], Awaitable[object]]
+
+
+class ChannelStateError(BusError):
+    """The channel is not in a state that allows the operation (e.g. ``send`` before
+    ``connect``, or ``connect`` twice)."""
+
+    def __init__(self, channel: str, message: str) -> None:
+        super().__init__(f"channel {channel!r}: {message}")
+        self.channel = channel
+
+
+class ChannelEndedError(ChannelStateError):
+    """The channel was ended, by this end or by the peer; it cannot be used again."""
+
+    def __init__(self, channel: str, detail: str = "the channel has ended") -> None:
+        super().__init__(channel, detail)
+
+
+class ChannelState(enum.Enum):
+    IDLE = "idle"
+    CONNECTED = "connected"
+    DISCONNECTED = "disconnected"
+    ENDED = "ended"
+
+
+def validate_role(role: str) -> str:
+    """Return ``role`` if it is a valid channel role, else raise :class:`InvalidNameError`.
+
+    A role is 1-40 ASCII letters, digits and ``_ . @ / -`` (no ``:``, which separates
+    the parts of the queue names), starting with a letter or digit.
+    """
+    if not isinstance(role, str) or not _ROLE.fullmatch(role) or len(role) > MAX_ROLE_LENGTH:
+        raise InvalidNameError(
+            str(role),
+            f"a role is 1-{MAX_ROLE_LENGTH} ASCII letters, digits and _ . @ / - "
+            "(starting with a letter or digit)",
+        )
+    return role
+
+
+def channel_queue_name(channel: str, role: str) -> str:
+    """The queue that the end playing ``role`` of ``channel`` consumes."""
+    return f"{channel}{QUEUE_INFIX}{role}"
+
+
+class Channel:
+    """One end of a bidirectional channel. Obtain with ``Channel(bus, name)``.
+
+    ``connect()`` plays the ``local`` role (receives what is sent to ``local``, sends
+    to ``remote``); ``listen()`` plays ``remote``. Receive by iterating
+    (``async for delivery in channel``) or with a ``handler`` given to
+    ``connect``/``listen``; observe ``channel.events``: ``connected``,
+    ``remote_connected``, ``disconnected``, ``remote_disconnected``, ``message`` (the
+    delivery in ``details["delivery"]``, a notification: events may be dropped for a
+    slow subscriber, deliveries never are), ``ended`` (``details["by"]`` is ``local``
+    or ``remote``) and ``error``.
+
+    In at-least-once mode a delivery stays pending until acked (``delivery.ack()`` or
+    :meth:`ack`); those of an end that died are redelivered to the next end that
+    connects with the same role, after the visibility timeout.
+
+    Args:
+        bus: a connected bus.
+        name: the channel name (a queue name, up to 150 characters).
+        local: the role of the end that calls ``connect()``.
+        remote: the role of the end that calls ``listen()``.
+        ttl: seconds the channel's queues survive after both ends detached
+            (default ``BusSettings.default_ttl``).
+    """
+
+    def __init__(
+        self,
+        bus: Bus,
+        name: str,
+        *,
+        local: str = "local",
+        remote: str = "remote",
+        ttl: float | None = None,
+    ) -> None:
+        validate_name(name)
+        validate_role(local)
+        validate_role(remote)
+        if local == remote:
+            raise InvalidNameError(remote, "the two roles of a channel must differ")
+        longest = len(name) + len(QUEUE_INFIX) + max(len(local), len(remote))
+        if longest > MAX_NAME_LENGTH:
+            raise InvalidNameError(name, f"channel name plus role exceed {MAX_NAME_LENGTH}")
+        if ttl is not None and ttl <= 0:
+            raise ValueError("ttl must be positive")
+        self.name = name
+        self.local = local
+        self.remote = remote
+        self.ttl = ttl
+        self.events: EventHub[Event] = EventHub()
+        self.role = local
+        """The role this end plays (set by ``connect``/``listen``)."""
+        self.remote_connected = False
+        """Whether the last control signal from the peer was ``connect``."""
+        self._bus = bus
+        self._state = ChannelState.IDLE
+        self._mode = Mode.AT_MOST_ONCE
+        self._inbound: Queue | None = None
+        self._outbound: Queue | None = None
+        self._consumer: Consumer | None = None
+        self._pump: asyncio.Task[None] | None = None
+        self._inbox = _Inbox(1)
+        self._handling: Delivery | None = None
+        self._lock = asyncio.Lock()
+
+    def __repr__(self) -> str:
+        return f"<Channel {self.name!r} role={self.role!r} {self._state.value}>"
+
+    @property
+    def state(self) -> ChannelState:
+        return self._state
+
+    @property
+    def peer_role(self) -> str:
+        """The role of the other end."""
+        return self.remote if self.role == self.local else self.local
+
+    # -- connecting -------------------------------------------------------------------
+
+    async def connect(
+        self,
+        mode: Mode = Mode.AT_MOST_ONCE,
+        *,
+        handler: Handler | None = None,
+        prefetch: int = 100,
+        visibility_timeout: float = 30.0,
+        from_id: int = 0,
+    ) -> None:
+        """Connect as the ``local`` role: receive from ``N:to:<local>``, send to the remote.
+
+        Args:
+            mode: how this end consumes its queue, as for :meth:`Queue.consume`.
+            handler: called for each data delivery, in order, instead of the
+                iteration; in at-least-once mode the delivery is acked when it
+                returns and given back when it raises.
+            prefetch: messages fetched ahead, and the bound of the delivery buffer.
+            visibility_timeout: at-least-once: seconds before an unacked delivery
+                is redelivered to another end of the same role.
+            from_id: replay only: the first message id to read (0: the oldest kept).
+        """
+        await self._open(self.local, mode, handler, prefetch, visibility_timeout, from_id)
+
+    async def listen(
+        self,
+        mode: Mode = Mode.AT_MOST_ONCE,
+        *,
+        handler: Handler | None = None,
+        prefetch: int = 100,
+        visibility_timeout: float = 30.0,
+        from_id: int = 0,
+    ) -> None:
+        """Connect as the ``remote`` role (the roles swapped); see :meth:`connect`."""
+        await self._open(self.remote, mode, handler, prefetch, visibility_timeout, from_id)
+
+    async def _open(
+        self,
+        role: str,
+        mode: Mode,
+        handler: Handler | None,
+        prefetch: int,
+        visibility_timeout: float,
+        from_id: int,
+    ) -> None:
+        async with self._lock:
+            if self._state is ChannelState.ENDED:
+                raise ChannelEndedError(self.name)
+            if self._state is ChannelState.CONNECTED:
+                raise ChannelStateError(self.name, f"already connected as {self.role!r}")
+            self.role = role
+            inbound = Queue(self._bus, channel_queue_name(self.name, role))
+            outbound = Queue(self._bus, channel_queue_name(self.name, self.peer_role))
+            consumer = inbound.consume(
+                mode, prefetch=prefetch, visibility_timeout=visibility_timeout, from_id=from_id
+            ) if False else None  # placeholder replaced below, after attaching
+            del consumer
+            await asyncio.gather(inbound.attach(ttl=self.ttl), outbound.attach(ttl=self.ttl))
+            try:
+                consumer = inbound.consume(
+                    mode, prefetch=prefetch, visibility_timeout=visibility_timeout, from_id=from_id
+                )
+                await consumer.start()
+                await outbound.push(b"", headers={CONTROL_HEADER: "connect"})
+            except BaseException:
+                await asyncio.gather(inbound.detach(), outbound.detach(), return_exceptions=True)
+                raise
+            self._inbound, self._outbound, self._consumer = inbound, outbound, consumer
+            self._mode = mode
+            self._inbox = _Inbox(prefetch)
+            self._state = ChannelState.CONNECTED
+            self._pump = asyncio.create_task(
+                self._pump_loop(consumer, handler), name=f"busmq-channel {self.name}:{role}"
+            )
+        self._emit("connected", role=role, mode=mode.value)
+
+    # -- sending ----------------------------------------------------------------------
+
+    async def send(self, message: Payload, *, headers: Mapping[str, str] | None = None) -> int:
+        """Send a message to the peer; returns its id in the peer's queue.
+
+        Raises:
+            ChannelEndedError: the channel has ended (here or at the peer).
+            ChannelStateError: this end is not connected (see :meth:`send_to`).
+            InvalidMessageError: the message cannot be encoded, or uses a reserved
+                ``busmq-`` header.
+        """
+        _check_headers(headers)
+        if self._state is ChannelState.ENDED:
+            raise ChannelEndedError(self.name)
+        if self._state is not ChannelState.CONNECTED or self._outbound is None:
+            raise ChannelStateError(self.name, "not connected (use send_to to send anyway)")
+        try:
+            return await self._outbound.push(message, headers=headers)
+        except (NotAttachedError, _QueueNotFound):
+            # The peer's queue is gone: the peer ended the channel (its ``end`` is on
+            # its way to us) or the queue expired.
+            raise ChannelEndedError(self.name, "the peer's queue is gone (ended)") from None
+
+    async def send_to(
+        self, role: str, message: Payload, *, headers: Mapping[str, str] | None = None
+    ) -> int:
+        """Push a message to the queue of ``role`` without connecting; returns its id.
+
+        The queue is created if needed, so the message waits for an end of that role
+        (until the channel's ttl runs out with no end attached).
+        """
+        _check_headers(headers)
+        if role not in (self.local, self.remote):
+            raise InvalidNameError(role, f"not a role of channel {self.name!r}")
+        if self._state is ChannelState.ENDED:
+            raise ChannelEndedError(self.name)
+        if self._state is ChannelState.CONNECTED and role == self.peer_role and self._outbound:
+            return await self.send(message, headers=headers)
+        async with Queue(self._bus, channel_queue_name(self.name, role)) as queue:
+            return await queue.push(message, headers=headers)
+
+    # -- receiving --------------------------------------------------------------------
+
+    def __aiter__(self) -> AsyncIterator[Delivery]:
+        return self
+
+    async def __anext__(self) -> Delivery:
+        delivery = await self._inbox.get()
+        if delivery is None:
+            raise StopAsyncIteration
+        return delivery
+
+    async def ack(self, *ids: int) -> int:
+        """Acknowledge at-least-once deliveries by id; see :meth:`Queue.ack`.
+
+        After the channel ended this is a no-op (its queues are gone) returning 0.
+        """
+        if self._state is ChannelState.ENDED:
+            return 0
+        if self._inbound is None:
+            raise ChannelStateError(self.name, "never connected")
+        return await self._inbound.ack(*ids)
+
+    async def _pump_loop(self, consumer: Consumer, handler: Handler | None) -> None:
+        settle = self._settler(consumer) if consumer.mode is Mode.AT_LEAST_ONCE else None
+        try:
+            async for raw in consumer:
+                delivery = Delivery(raw.message, raw.delivery_count, settle)
+                control = raw.headers.get(CONTROL_HEADER)
+                if control is None:
+                    await self._deliver(delivery, handler)
+                    continue
+                await delivery.ack()
+                if control == "end":
+                    await self._ended_by_peer()
+                    return
+                self.remote_connected = control == "connect"
+                if control in ("connect", "disconnect"):
+                    self._emit(f"remote_{control}ed")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("channel %s stopped receiving: %s", self.name, exc)
+            self.events.emit(Event("error", self.name, error=exc))
+        if self._state is ChannelState.CONNECTED and self._pump is asyncio.current_task():
+            # The queue went away under us (closed elsewhere, or expired in an outage).
+            self._pump = None
+            await self._teardown()
+            self._emit("disconnected", reason="lost")
+
+    async def _deliver(self, delivery: Delivery, handler: Handler | None) -> None:
+        if handler is None:
+            await self._inbox.put(delivery)
+            self._emit("message", delivery=delivery)
+            return
+        self._emit("message", delivery=delivery)
+        self._handling = delivery
+        try:
+            await handler(delivery)
+        except Exception:
+            log.exception("channel %s handler failed on #%d", self.name, delivery.id)
+            await delivery.nack()
+        else:
+            await delivery.ack()
+        finally:
+            self._handling = None
+
+    def _settler(self, consumer: Consumer) -> Callable[[int, bool], Awaitable[None]]:
+        async def settle(message_id: int, ack: bool) -> None:
+            if self._state is ChannelState.ENDED:
+                return  # the queue is gone; there is nothing left to settle
+            await consumer._settle(message_id, ack)
+
+        return settle
+
+    # -- disconnecting and ending --------------------------------------------------------
+
+    async def disconnect(self) -> None:
+        """Tell the peer, stop receiving and detach both queues; messages keep coming
+        into this end's queue and wait for the next ``connect``/``listen``.
+
+        Deliveries already fetched: at-most-once ones stay available to the iteration
+        (it drains them, then ends); at-least-once ones not yet handed out are given
+        back for prompt redelivery.
+        """
+        async with self._lock:
+            if self._state is not ChannelState.CONNECTED:
+                return
+            if self._outbound is not None:
+                try:
+                    await self._outbound.push(b"", headers={CONTROL_HEADER: "disconnect"})
+                except BusError as exc:
+                    log.info("channel %s: could not tell the peer: %s", self.name, exc)
+            await self._stop_receiving(drain=self._mode is Mode.AT_MOST_ONCE)
+            await self._teardown()
+        self._emit("disconnected", reason="local")
+
+    async def end(self) -> None:
+        """End the channel for both ends: tell the peer, delete this end's queue and
+        leave the peer's to the peer (it deletes it on taking the ``end``).
+
+        Without a prior ``connect``/``listen`` this end is taken to be ``local``.
+        Idempotent; afterwards every operation raises :class:`ChannelEndedError`.
+        """
+        async with self._lock:
+            if self._state is ChannelState.ENDED:
+                return
+            await self._stop_receiving(drain=False)
+            inbound = self._inbound or Queue(self._bus, channel_queue_name(self.name, self.role))
+            outbound = self._outbound or Queue(
+                self._bus, channel_queue_name(self.name, self.peer_role)
+            )
+            self._state = ChannelState.ENDED
+            try:
+                await outbound.attach(ttl=self.ttl)
+                await outbound.push(b"", headers={CONTROL_HEADER: "end"})
+                await inbound.close()
+            finally:
+                await outbound.detach()
+                await self._teardown()
+        self._emit("ended", by="local")
+
+    async def _ended_by_peer(self) -> None:
+        # Runs in the pump task; ``end()`` and ``disconnect()`` stop the pump under the
+        # lock, so taking the lock here could deadlock: the state check suffices.
+        if self._state is not ChannelState.CONNECTED:
+            return
+        self._state = ChannelState.ENDED
+        self._pump = None
+        if self._consumer is not None:
+            await self._consumer.close()
+        for queue in (self._inbound, self._outbound):
+            if queue is not None:
+                try:
+                    await queue.close()
+                except BusError as exc:
+                    log.info("channel %s: could not delete %s: %s", self.name, queue.name, exc)
+        await self._teardown()
+        self._emit("ended", by="remote")
+
+    async def _stop_receiving(self, *, drain: bool) -> None:
+        pump, self._pump = self._pump, None
+        consumer = self._consumer
+        if pump is None or consumer is None:
+            return
+        if drain:
+            # Let the pump hand out what the consumer already fetched (at-most-once
+            # messages are gone from Redis once read) without waiting for the app.
+            consumer.stop()
+            self._inbox.unbounded = True
+            done, _ = await asyncio.wait({pump}, timeout=self._drain_seconds)
+            if done:
+                return
+        pump.cancel()
+        await asyncio.gather(pump, return_exceptions=True)
+        if consumer.mode is Mode.AT_LEAST_ONCE:
+            leftovers = self._inbox.take_all()
+            if self._handling is not None:
+                leftovers.append(self._handling)
+            if leftovers:
+                try:
+                    await consumer.nack([d.id for d in leftovers])
+                except BusError as exc:
+                    log.info("channel %s: could not give back deliveries: %s", self.name, exc)
+
+    @property
+    def _drain_seconds(self) -> float:
+        return self._bus.settings.block_seconds + _DISCONNECT_DRAIN_SECONDS
+
+    async def _teardown(self) -> None:
+        """Close the consumer, detach the queues and end the iteration."""
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            await consumer.close()
+        for queue in (self._inbound, self._outbound):
+            if queue is not None and queue.attached:
+                try:
+                    await queue.detach()
+                except BusError as exc:
+                    log.info("channel %s: could not detach %s: %s", self.name, queue.name, exc)
+        self._outbound = None
+        if self._state is ChannelState.CONNECTED:
+            self._state = ChannelState.DISCONNECTED
+        self.remote_connected = False
+        self._inbox.close()
+
+    async def __aenter__(self) -> Channel:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.disconnect()
+
+    def _emit(self, kind: str, **details: object) -> None:
+        self.events.emit(Event(kind, self.name, details=dict(details)))
+
+
+class _Inbox:
+    """The bounded buffer between the pump and the iteration; ``close()`` never blocks
+    and lets the iteration drain what is left before it ends."""
+
+    def __init__(self, maxsize: int) -> None:
+        self._items: collections.deque[Delivery] = collections.deque()
+        self._maxsize = maxsize
+        self._closed = False
+        self.unbounded = False
+        self._changed = asyncio.Condition()
+
+    async def put(self, item: Delivery) -> None:
+        async with self._changed:
+            await self._changed.wait_for(
+                lambda: self.unbounded or self._closed or len(self._items) < self._maxsize
+            )
+            self._items.append(item)
+            self._changed.notify_all()
+
+    async def get(self) -> Delivery | None:
+        async with self._changed:
+            await self._changed.wait_for(lambda: bool(self._items) or self._closed)
+            if not self._items:
+                return None
+            item = self._items.popleft()
+            self._changed.notify_all()
+            return item
+
+    def take_all(self) -> list[Delivery]:
+        items = list(self._items)
+        self._items.clear()
+        return items
+
+    def close(self) -> None:
+        self._closed = True
+        asyncio.ensure_future(self._wake())
+
+    async def _wake(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+
+def _check_headers(headers: Mapping[str, str] | None) -> None:
+    if headers and any(
+        isinstance(k, str) and k.startswith(RESERVED_HEADER_PREFIX) for k in headers
+    ):
+        raise InvalidMessageError(f"headers starting with {RESERVED_HEADER_PREFIX!r} are reserved")
