@@ -264,6 +264,19 @@ class Consumer:
             idempotent=True,
         )
 
+    async def release_pending(self) -> int:
+        """Give back every delivery still pending for this consumer (handed out and not
+        acked), for prompt redelivery to any consumer; returns how many. For a consumer
+        whose deliveries went to a process that is gone (e.g. a closed gRPC stream)."""
+        self._require_acks()
+        released: int = await self.queue._run(
+            lambda c: self.queue._bus.scripts.call(
+                c, "release", [self.queue._keys.stream], [self.name]
+            ),
+            idempotent=True,
+        )
+        return released
+
     def _require_acks(self) -> None:
         if self.mode is not Mode.AT_LEAST_ONCE:
             raise BusError(f"acks apply to at-least-once consumers, not {self.mode.value}")

@@ -10,6 +10,7 @@ core: they are translated at the shard boundary (:mod:`busmq.shard`).
     ├── InvalidMessageError         (ValueError)  payload or headers that cannot be encoded
     │   └── MessageTooLargeError                  encoded message above the configured limit
     ├── UnknownMessageError         (ValueError)  ack of ids that are not pending
+    ├── NotAttachedError                          operation that needs an attachment
     ├── QueueNotFoundError                        the queue does not exist (expired or closed)
     ├── ModeConflictError                         destructive and replay consumers mixed
     ├── QueueFullError                            push above the queue's max backlog
@@ -63,6 +64,14 @@ class UnknownMessageError(BusError, ValueError):
         super().__init__(f"queue {queue!r}: ids not pending: {shown}")
         self.queue = queue
         self.ids = tuple(ids)
+
+
+class NotAttachedError(BusError):
+    """The operation needs an attachment (or a connection) that is not there."""
+
+    def __init__(self, queue: str) -> None:
+        super().__init__(f"{queue!r} is not attached")
+        self.queue = queue
 
 
 class QueueNotFoundError(BusError):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -12,6 +12,7 @@ import redis.asyncio as aioredis
 from .consumer import LATEST, Consumer, Mode
 from .errors import (
     BusClosedError,
+    MessageTooLargeError,
     QueueFullError,
     QueueNotFoundError,
     RedisCommandError,
@@ -27,6 +28,15 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 Headers = Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class PushResult:
+    """Ids of the pushed messages; ``duplicate`` if the ``request_id`` was already stored
+    (nothing was written and ``ids`` are those of the original push)."""
+
+    ids: list[int]
+    duplicate: bool
 
 
 @dataclass(frozen=True)
@@ -189,20 +199,28 @@ class Queue:
 
     async def push_batch(
         self,
-        items: Iterable[Payload | tuple[Payload, Headers | None]],
+        items: Iterable[Payload | tuple[Payload, Headers | None] | EncodedMessage],
         *,
         request_id: str | None = None,
     ) -> list[int]:
         """Push several messages atomically, in order, in one round trip; returns their ids.
 
-        Each item is a value or a ``(value, headers)`` pair. Either all are stored or,
-        on error, none.
+        Each item is a value, a ``(value, headers)`` pair, or an already encoded
+        :class:`~busmq.message.EncodedMessage`. Either all are stored or, on error, none.
         """
-        self._require_open()
         limit = self._bus.settings.max_message_bytes
         encoded = [_encode_item(item, limit) for item in items]
+        result = await self.push_encoded(encoded, request_id=request_id)
+        return result.ids
+
+    async def push_encoded(
+        self, encoded: Sequence[EncodedMessage], *, request_id: str | None = None
+    ) -> PushResult:
+        """Push already encoded messages (sizes are the caller's to check); see
+        :meth:`push_batch`. Also tells whether ``request_id`` had been stored before."""
+        self._require_open()
         if not encoded:
-            return []
+            return PushResult([], False)
         args: list[bytes | str | int] = [_ms(self._bus.settings.dedupe_seconds)]
         for message in encoded:
             args += (message.payload, message.kind.value, message.headers)
@@ -219,7 +237,7 @@ class Queue:
             raise self._script_error(exc) from None
         if not duplicate:
             self.pushed += len(encoded)
-        return list(range(int(first), int(first) + len(encoded)))
+        return PushResult(list(range(int(first), int(first) + len(encoded))), bool(duplicate))
 
     # -- consuming ------------------------------------------------------------------
 
@@ -393,6 +411,10 @@ def _limit_args(retention: Retention | None, max_backlog: int | None) -> tuple[s
 
 
 def _encode_item(item: Any, limit: int) -> EncodedMessage:
+    if isinstance(item, EncodedMessage):
+        if item.size > limit:
+            raise MessageTooLargeError(item.size, limit)
+        return item
     if isinstance(item, tuple):
         if len(item) != 2:
             raise ValueError("a batch item is a value or a (value, headers) pair")

@@ -23,7 +23,7 @@ def _source(name: str) -> str:
 class Scripts:
     """The scripts, run with EVALSHA on any client (loaded again on NOSCRIPT)."""
 
-    NAMES = ("attach", "detach", "push", "ack", "ack_upto", "claim", "prepare_consumer")
+    NAMES = ("attach", "detach", "push", "ack", "ack_upto", "claim", "prepare_consumer", "release")
 
     def __init__(self, client: aioredis.Redis) -> None:
         self._scripts: dict[str, AsyncScript] = {

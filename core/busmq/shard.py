@@ -173,6 +173,10 @@ class Shard:
             async with asyncio.timeout(budget):
                 return await self._run(call, client, idempotent)
         except TimeoutError:
+            if self.state is ShardState.OFFLINE:
+                raise BusUnavailableError(
+                    f"redis unreachable (waited {budget:.1f}s)", self.label
+                ) from None
             raise BusTimeoutError(f"operation timed out after {budget:.1f}s", self.label) from None
 
     async def _run(

@@ -1,0 +1,209 @@
+import datetime
+
+from busmq.v1 import types_pb2 as _types_pb2
+from google.protobuf import duration_pb2 as _duration_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class AttachQueueRequest(_message.Message):
+    __slots__ = ("queue", "ttl", "max_length", "max_age", "max_backlog")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    TTL_FIELD_NUMBER: _ClassVar[int]
+    MAX_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    MAX_AGE_FIELD_NUMBER: _ClassVar[int]
+    MAX_BACKLOG_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    ttl: _duration_pb2.Duration
+    max_length: int
+    max_age: _duration_pb2.Duration
+    max_backlog: int
+    def __init__(self, queue: _Optional[str] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_length: _Optional[int] = ..., max_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_backlog: _Optional[int] = ...) -> None: ...
+
+class AttachQueueResponse(_message.Message):
+    __slots__ = ("attachment_id", "created", "lease_duration")
+    ATTACHMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    LEASE_DURATION_FIELD_NUMBER: _ClassVar[int]
+    attachment_id: str
+    created: bool
+    lease_duration: _duration_pb2.Duration
+    def __init__(self, attachment_id: _Optional[str] = ..., created: _Optional[bool] = ..., lease_duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class RenewAttachmentRequest(_message.Message):
+    __slots__ = ("attachment_id",)
+    ATTACHMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    attachment_id: str
+    def __init__(self, attachment_id: _Optional[str] = ...) -> None: ...
+
+class RenewAttachmentResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DetachQueueRequest(_message.Message):
+    __slots__ = ("attachment_id",)
+    ATTACHMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    attachment_id: str
+    def __init__(self, attachment_id: _Optional[str] = ...) -> None: ...
+
+class DetachQueueResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PushRequest(_message.Message):
+    __slots__ = ("queue", "messages", "request_id")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    messages: _containers.RepeatedCompositeFieldContainer[_types_pb2.OutgoingMessage]
+    request_id: str
+    def __init__(self, queue: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_types_pb2.OutgoingMessage, _Mapping]]] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class PushResponse(_message.Message):
+    __slots__ = ("ids", "duplicate")
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    duplicate: bool
+    def __init__(self, ids: _Optional[_Iterable[int]] = ..., duplicate: _Optional[bool] = ...) -> None: ...
+
+class ConsumeRequest(_message.Message):
+    __slots__ = ("queue", "mode", "from_id", "from_latest", "max", "prefetch", "visibility_timeout")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    FROM_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_LATEST_FIELD_NUMBER: _ClassVar[int]
+    MAX_FIELD_NUMBER: _ClassVar[int]
+    PREFETCH_FIELD_NUMBER: _ClassVar[int]
+    VISIBILITY_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    mode: _types_pb2.ConsumeMode
+    from_id: int
+    from_latest: bool
+    max: int
+    prefetch: int
+    visibility_timeout: _duration_pb2.Duration
+    def __init__(self, queue: _Optional[str] = ..., mode: _Optional[_Union[_types_pb2.ConsumeMode, str]] = ..., from_id: _Optional[int] = ..., from_latest: _Optional[bool] = ..., max: _Optional[int] = ..., prefetch: _Optional[int] = ..., visibility_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class ConsumeResponse(_message.Message):
+    __slots__ = ("started", "delivery", "heartbeat", "state")
+    STARTED_FIELD_NUMBER: _ClassVar[int]
+    DELIVERY_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    started: ConsumeStarted
+    delivery: _types_pb2.Delivery
+    heartbeat: _types_pb2.Heartbeat
+    state: _types_pb2.StateEvent
+    def __init__(self, started: _Optional[_Union[ConsumeStarted, _Mapping]] = ..., delivery: _Optional[_Union[_types_pb2.Delivery, _Mapping]] = ..., heartbeat: _Optional[_Union[_types_pb2.Heartbeat, _Mapping]] = ..., state: _Optional[_Union[_types_pb2.StateEvent, _Mapping]] = ...) -> None: ...
+
+class ConsumeStarted(_message.Message):
+    __slots__ = ("consumer_id",)
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    consumer_id: str
+    def __init__(self, consumer_id: _Optional[str] = ...) -> None: ...
+
+class AckRequest(_message.Message):
+    __slots__ = ("queue", "ids", "up_to_id", "consumer_id")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    UP_TO_ID_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    up_to_id: int
+    consumer_id: str
+    def __init__(self, queue: _Optional[str] = ..., ids: _Optional[_Iterable[int]] = ..., up_to_id: _Optional[int] = ..., consumer_id: _Optional[str] = ...) -> None: ...
+
+class AckResponse(_message.Message):
+    __slots__ = ("acked", "unknown_ids")
+    ACKED_FIELD_NUMBER: _ClassVar[int]
+    UNKNOWN_IDS_FIELD_NUMBER: _ClassVar[int]
+    acked: int
+    unknown_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, acked: _Optional[int] = ..., unknown_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class NackRequest(_message.Message):
+    __slots__ = ("queue", "consumer_id", "ids")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    consumer_id: str
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, queue: _Optional[str] = ..., consumer_id: _Optional[str] = ..., ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class NackResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetQueueRequest(_message.Message):
+    __slots__ = ("queue",)
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    def __init__(self, queue: _Optional[str] = ...) -> None: ...
+
+class GetQueueResponse(_message.Message):
+    __slots__ = ("queue", "count", "ttl", "last_id", "metadata")
+    class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    TTL_FIELD_NUMBER: _ClassVar[int]
+    LAST_ID_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    count: int
+    ttl: _duration_pb2.Duration
+    last_id: int
+    metadata: _containers.ScalarMap[str, str]
+    def __init__(self, queue: _Optional[str] = ..., count: _Optional[int] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., last_id: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class UpdateQueueMetadataRequest(_message.Message):
+    __slots__ = ("queue", "metadata")
+    class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    metadata: _containers.ScalarMap[str, str]
+    def __init__(self, queue: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class UpdateQueueMetadataResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class FlushQueueRequest(_message.Message):
+    __slots__ = ("queue",)
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    def __init__(self, queue: _Optional[str] = ...) -> None: ...
+
+class FlushQueueResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CloseQueueRequest(_message.Message):
+    __slots__ = ("queue",)
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    def __init__(self, queue: _Optional[str] = ...) -> None: ...
+
+class CloseQueueResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

@@ -1,0 +1,84 @@
+"""``busmq-gateway``: serve the bus over gRPC.
+
+Secrets come from ``--secret``, ``--secret-file`` (one per line) and
+``BUSMQ_GATEWAY_SECRETS`` (comma-separated); all of them are accepted at once, so a
+secret can be rotated without downtime. The bus is the embedded Redis unless
+``--redis-url`` or ``BUSMQ_REDIS_URLS`` names one or more shards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from busmq import BusSettings
+
+from . import logs
+from .config import GatewaySettings, TlsSettings, read_secrets
+from .server import serve
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="busmq-gateway", description=__doc__.splitlines()[0])
+    env = os.environ.get
+    parser.add_argument("--listen", default=env("BUSMQ_GATEWAY_LISTEN", "127.0.0.1:8443"))
+    parser.add_argument("--secret", action="append", default=[], help="may repeat")
+    parser.add_argument("--secret-file", action="append", default=[], help="may repeat")
+    parser.add_argument(
+        "--insecure-no-auth", action="store_true", help="serve without auth (loopback only)"
+    )
+    parser.add_argument("--tls-cert", default=env("BUSMQ_GATEWAY_TLS_CERT"))
+    parser.add_argument("--tls-key", default=env("BUSMQ_GATEWAY_TLS_KEY"))
+    parser.add_argument("--tls-client-ca", default=env("BUSMQ_GATEWAY_TLS_CLIENT_CA"))
+    parser.add_argument("--redis-url", action="append", default=[], help="a shard; may repeat")
+    parser.add_argument("--data-dir", help="embedded Redis data directory")
+    parser.add_argument("--max-message-bytes", type=int, default=8 * 1024 * 1024)
+    parser.add_argument("--keepalive-seconds", type=float, default=30.0)
+    parser.add_argument("--grace-seconds", type=float, default=10.0)
+    parser.add_argument("--log-format", choices=["json", "text"], default="json")
+    parser.add_argument("--log-level", default="info")
+    return parser.parse_args(argv)
+
+
+def settings_from(args: argparse.Namespace) -> GatewaySettings:
+    bus = BusSettings.from_env()
+    if args.redis_url:
+        bus = dataclasses.replace(bus, redis_urls=tuple(args.redis_url))
+    if args.data_dir:
+        bus = dataclasses.replace(bus, data_dir=Path(args.data_dir))
+    tls = None
+    if args.tls_cert or args.tls_key:
+        if not (args.tls_cert and args.tls_key):
+            raise ValueError("TLS needs both --tls-cert and --tls-key")
+        ca = Path(args.tls_client_ca) if args.tls_client_ca else None
+        tls = TlsSettings(Path(args.tls_cert), Path(args.tls_key), ca)
+    return GatewaySettings(
+        listen=args.listen,
+        secrets=read_secrets(args.secret, args.secret_file),
+        allow_no_auth=args.insecure_no_auth,
+        tls=tls,
+        bus=bus,
+        max_message_bytes=args.max_message_bytes,
+        keepalive_seconds=args.keepalive_seconds,
+        grace_seconds=args.grace_seconds,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    logs.configure(args.log_format, args.log_level)
+    try:
+        settings = settings_from(args)
+    except (ValueError, OSError) as exc:
+        print(f"busmq-gateway: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    asyncio.run(serve(settings))
+
+
+if __name__ == "__main__":
+    main()

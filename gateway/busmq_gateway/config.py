@@ -1,0 +1,102 @@
+"""Gateway configuration: listen address, secrets, TLS, limits, keepalive."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from busmq import BusSettings
+
+
+def is_loopback(address: str) -> bool:
+    """Whether a ``host:port`` listen address binds only the loopback interface."""
+    host = address.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class TlsSettings:
+    """Server certificate and key (PEM files), and a CA to require client certificates."""
+
+    cert_file: Path
+    key_file: Path
+    client_ca_file: Path | None = None
+
+    def read(self) -> tuple[bytes, bytes, bytes | None]:
+        ca = self.client_ca_file.read_bytes() if self.client_ca_file else None
+        return self.cert_file.read_bytes(), self.key_file.read_bytes(), ca
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    """Everything the gateway needs.
+
+    Args:
+        listen: ``host:port`` to bind (port 0 picks a free one).
+        secrets: shared secrets accepted as ``authorization: Bearer <secret>``; several
+            may be active at once for rotation.
+        allow_no_auth: serve without any secret; refused unless ``listen`` is loopback.
+        tls: certificate and key (and client CA for mTLS); plaintext when ``None``.
+        bus: the bus the gateway serves (default: from the environment, i.e. the
+            embedded Redis unless ``BUSMQ_REDIS_URLS`` is set).
+        max_message_bytes: largest gRPC message accepted or sent.
+        keepalive_seconds: HTTP/2 ping interval on idle connections (long-lived streams
+            behind proxies); ``heartbeat_seconds``: idle interval between stream heartbeats.
+        grace_seconds: how long SIGTERM waits for streams and calls to finish.
+        default_prefetch / max_prefetch: read-ahead per stream, bounding gateway memory.
+    """
+
+    listen: str = "127.0.0.1:8443"
+    secrets: tuple[str, ...] = ()
+    allow_no_auth: bool = False
+    tls: TlsSettings | None = None
+    bus: BusSettings = field(default_factory=BusSettings.from_env)
+    max_message_bytes: int = 8 * 1024 * 1024
+    keepalive_seconds: float = 30.0
+    heartbeat_seconds: float = 15.0
+    grace_seconds: float = 10.0
+    default_prefetch: int = 100
+    max_prefetch: int = 1000
+
+    def __post_init__(self) -> None:
+        if ":" not in self.listen:
+            raise ValueError(f"listen must be host:port, got {self.listen!r}")
+        if any(not s or s != s.strip() for s in self.secrets):
+            raise ValueError("secrets must be non-empty and carry no surrounding whitespace")
+        if not self.secrets and not self.allow_no_auth:
+            raise ValueError(
+                "no secret configured: set BUSMQ_GATEWAY_SECRETS (or --secret/--secret-file), "
+                "or pass --insecure-no-auth to serve without auth on loopback"
+            )
+        if not self.secrets and not is_loopback(self.listen):
+            raise ValueError("serving without auth is only allowed on a loopback address")
+        for name in ("keepalive_seconds", "heartbeat_seconds", "grace_seconds"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+        if not 1 <= self.default_prefetch <= self.max_prefetch:
+            raise ValueError("need 1 <= default_prefetch <= max_prefetch")
+
+    def __repr__(self) -> str:
+        return (
+            f"GatewaySettings(listen={self.listen!r}, secrets=<{len(self.secrets)} hidden>, "
+            f"tls={self.tls is not None}, bus={self.bus!r})"
+        )
+
+
+def read_secrets(
+    values: list[str], files: list[str], environ: dict[str, str] | None = None
+) -> tuple[str, ...]:
+    """Secrets from flags, files (one per line) and ``BUSMQ_GATEWAY_SECRETS`` (comma-separated)."""
+    env = os.environ if environ is None else environ
+    found = [v.strip() for v in values]
+    for path in files:
+        found += [line.strip() for line in Path(path).read_text().splitlines() if line.strip()]
+    found += [s.strip() for s in env.get("BUSMQ_GATEWAY_SECRETS", "").split(",") if s.strip()]
+    return tuple(dict.fromkeys(found))

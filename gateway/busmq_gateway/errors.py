@@ -1,0 +1,113 @@
+"""One table from core errors to gRPC status codes, with ``google.rpc.ErrorInfo`` details.
+
+Servicers run their core calls inside :func:`rpc_errors`; anything not in the table is
+logged and reported as ``INTERNAL`` with a generic message, so nothing about the
+server leaks and the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import TypeVar
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from busmq import errors as core
+
+log = logging.getLogger(__name__)
+S = TypeVar("S")
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+
+DOMAIN = "busmq.dev"
+
+# Most specific first: the first matching class wins.
+TABLE: tuple[tuple[type[BaseException], grpc.StatusCode, str], ...] = (
+    (core.InvalidNameError, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_NAME"),
+    (core.MessageTooLargeError, grpc.StatusCode.RESOURCE_EXHAUSTED, "MESSAGE_TOO_LARGE"),
+    (core.InvalidMessageError, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_MESSAGE"),
+    (core.QueueFullError, grpc.StatusCode.RESOURCE_EXHAUSTED, "QUEUE_FULL"),
+    (core.QueueNotFoundError, grpc.StatusCode.NOT_FOUND, "QUEUE_NOT_FOUND"),
+    (core.NotAttachedError, grpc.StatusCode.FAILED_PRECONDITION, "NOT_ATTACHED"),
+    (core.ModeConflictError, grpc.StatusCode.FAILED_PRECONDITION, "MODE_CONFLICT"),
+    (core.UnknownMessageError, grpc.StatusCode.FAILED_PRECONDITION, "NOT_PENDING"),
+    (core.BusTimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED, "REDIS_TIMEOUT"),
+    (core.BusUnavailableError, grpc.StatusCode.UNAVAILABLE, "REDIS_UNAVAILABLE"),
+    (core.BusClosedError, grpc.StatusCode.UNAVAILABLE, "SHUTTING_DOWN"),
+    (ValueError, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT"),
+)
+
+
+class RequestError(Exception):
+    """A bad request detected by the gateway itself (before reaching the core)."""
+
+    def __init__(
+        self,
+        message: str,
+        reason: str = "INVALID_ARGUMENT",
+        code: grpc.StatusCode = grpc.StatusCode.INVALID_ARGUMENT,
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+
+
+class NotFound(RequestError):
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message, reason, grpc.StatusCode.NOT_FOUND)
+
+
+def classify(exc: BaseException) -> tuple[grpc.StatusCode, str, str]:
+    """(status code, ErrorInfo reason, message safe to show the client)."""
+    if isinstance(exc, RequestError):
+        return exc.code, exc.reason, str(exc)
+    for cls, code, reason in TABLE:
+        if isinstance(exc, cls):
+            return code, reason, str(exc)
+    return grpc.StatusCode.INTERNAL, "INTERNAL", "internal error"
+
+
+def to_status(exc: BaseException, metadata: dict[str, str] | None = None) -> grpc.Status:
+    code, reason, message = classify(exc)
+    info = error_details_pb2.ErrorInfo(reason=reason, domain=DOMAIN, metadata=metadata or {})
+    detail = any_pb2.Any()
+    detail.Pack(info)
+    status = status_pb2.Status(code=getattr(code_pb2, code.name), message=message, details=[detail])
+    return rpc_status.to_status(status)
+
+
+@asynccontextmanager
+async def rpc_errors(context: grpc.aio.ServicerContext, method: str) -> AsyncIterator[None]:
+    """Abort the call with the mapped status if the body raises."""
+    try:
+        yield
+    except (core.BusError, ValueError, RequestError) as exc:
+        code, reason, _ = classify(exc)
+        if code is grpc.StatusCode.INTERNAL:
+            log.exception("%s failed", method)
+        else:
+            log.info("%s refused: %s %s", method, code.name, reason)
+        await context.abort_with_status(to_status(exc))
+    except Exception:
+        log.exception("%s failed", method)
+        await context.abort_with_status(to_status(RuntimeError()))
+
+
+def unary(
+    method: Callable[[S, Req, grpc.aio.ServicerContext], Awaitable[Resp]],
+) -> Callable[[S, Req, grpc.aio.ServicerContext], Awaitable[Resp]]:
+    """Decorate a unary servicer method so that errors become mapped statuses."""
+
+    @functools.wraps(method)
+    async def wrapper(self: S, request: Req, context: grpc.aio.ServicerContext) -> Resp:
+        async with rpc_errors(context, method.__name__):
+            return await method(self, request, context)
+        raise AssertionError("unreachable: rpc_errors aborts the call")
+
+    return wrapper

@@ -1,0 +1,283 @@
+"""``busmq.v1.QueueService``: validates requests, calls the core, converts results."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+from google.protobuf import timestamp_pb2
+
+from busmq import (
+    LATEST,
+    Bus,
+    BusError,
+    Consumer,
+    Delivery,
+    MessageTooLargeError,
+    Mode,
+    Retention,
+    UnknownMessageError,
+)
+from busmq.v1 import queue_service_pb2 as pb
+from busmq.v1 import queue_service_pb2_grpc as pb_grpc
+from busmq.v1 import types_pb2
+
+from .attachments import Attachments
+from .config import GatewaySettings
+from .convert import delivery_to_proto, duration, outgoing_to_core, seconds
+from .errors import NotFound, RequestError, rpc_errors, to_status, unary
+
+log = logging.getLogger(__name__)
+
+_MODES = {
+    types_pb2.CONSUME_MODE_UNSPECIFIED: Mode.AT_MOST_ONCE,
+    types_pb2.CONSUME_MODE_AT_MOST_ONCE: Mode.AT_MOST_ONCE,
+    types_pb2.CONSUME_MODE_AT_LEAST_ONCE: Mode.AT_LEAST_ONCE,
+    types_pb2.CONSUME_MODE_REPLAY: Mode.REPLAY,
+}
+MAX_BATCH = 10_000
+
+
+class QueueService(pb_grpc.QueueServiceServicer):
+    def __init__(
+        self, bus: Bus, settings: GatewaySettings, attachments: Attachments, draining: asyncio.Event
+    ) -> None:
+        self._bus = bus
+        self._settings = settings
+        self._attachments = attachments
+        self._draining = draining
+        self._consumers: dict[str, Consumer] = {}
+
+    @property
+    def active_streams(self) -> int:
+        return len(self._consumers)
+
+    # -- attachments -------------------------------------------------------------------
+
+    @unary
+    async def AttachQueue(
+        self, request: pb.AttachQueueRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AttachQueueResponse:
+        ttl = seconds(request.ttl, "ttl") if request.HasField("ttl") else None
+        retention = None
+        if request.max_length or request.HasField("max_age"):
+            max_age = seconds(request.max_age, "max_age") if request.HasField("max_age") else None
+            retention = Retention(max_length=request.max_length or None, max_age=max_age)
+        backlog = request.max_backlog or None
+        attachment_id, created = await self._attachments.attach(
+            request.queue, ttl or None, retention, backlog
+        )
+        return pb.AttachQueueResponse(
+            attachment_id=attachment_id,
+            created=created,
+            lease_duration=duration(self._attachments.lease_seconds),
+        )
+
+    @unary
+    async def RenewAttachment(
+        self, request: pb.RenewAttachmentRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RenewAttachmentResponse:
+        await self._attachments.renew(request.attachment_id)
+        return pb.RenewAttachmentResponse()
+
+    @unary
+    async def DetachQueue(
+        self, request: pb.DetachQueueRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DetachQueueResponse:
+        await self._attachments.detach(request.attachment_id)
+        return pb.DetachQueueResponse()
+
+    # -- messages ------------------------------------------------------------------------
+
+    @unary
+    async def Push(
+        self, request: pb.PushRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PushResponse:
+        if not request.messages:
+            raise RequestError("messages must not be empty")
+        if len(request.messages) > MAX_BATCH:
+            raise RequestError(f"at most {MAX_BATCH} messages per push")
+        encoded = [outgoing_to_core(m, i) for i, m in enumerate(request.messages)]
+        limit = self._bus.settings.max_message_bytes
+        for message in encoded:
+            if message.size > limit:
+                raise MessageTooLargeError(message.size, limit)
+        queue = self._bus.queue(request.queue)
+        result = await queue.push_encoded(encoded, request_id=request.request_id or None)
+        return pb.PushResponse(ids=result.ids, duplicate=result.duplicate)
+
+    async def Consume(
+        self, request: pb.ConsumeRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ConsumeResponse]:
+        consumer: Consumer | None = None
+        async with rpc_errors(context, "Consume"):
+            consumer = self._consumer_for(request)
+            await consumer.start()
+        if consumer is None:  # pragma: no cover - rpc_errors aborted the call
+            return
+        self._consumers[consumer.name] = consumer
+        try:
+            yield pb.ConsumeResponse(started=pb.ConsumeStarted(consumer_id=consumer.name))
+            async for response in self._deliveries(consumer, context):
+                yield response
+        finally:
+            self._consumers.pop(consumer.name, None)
+            await self._end_consumer(consumer)
+
+    def _consumer_for(self, request: pb.ConsumeRequest) -> Consumer:
+        mode = _MODES.get(request.mode)
+        if mode is None:
+            raise RequestError(f"unknown consume mode {request.mode}")
+        prefetch = request.prefetch or self._settings.default_prefetch
+        if prefetch > self._settings.max_prefetch:
+            raise RequestError(f"prefetch must be at most {self._settings.max_prefetch}")
+        visibility = 30.0
+        if request.HasField("visibility_timeout"):
+            visibility = seconds(request.visibility_timeout, "visibility_timeout")
+        from_id = LATEST if request.from_latest else request.from_id
+        if mode is not Mode.REPLAY and (request.from_id or request.from_latest):
+            raise RequestError("from_id and from_latest apply to replay only")
+        return self._bus.queue(request.queue).consume(
+            mode,
+            max=request.max or None,
+            from_id=from_id if mode is Mode.REPLAY else LATEST,
+            prefetch=prefetch,
+            visibility_timeout=visibility,
+        )
+
+    async def _deliveries(
+        self, consumer: Consumer, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ConsumeResponse]:
+        iterator = consumer.__aiter__()
+        drain: asyncio.Future[bool] = asyncio.ensure_future(self._draining.wait())
+        pending: asyncio.Future[Delivery] | None = None
+        try:
+            while True:
+                if pending is None:
+                    pending = asyncio.ensure_future(iterator.__anext__())
+                waiting: set[asyncio.Future[Any]] = {pending, drain}
+                done, _ = await asyncio.wait(
+                    waiting,
+                    timeout=self._settings.heartbeat_seconds,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                if drain in done:
+                    yield _state("draining", consumer.queue.name)
+                    return
+                if pending not in done:
+                    yield pb.ConsumeResponse(heartbeat=types_pb2.Heartbeat(time=_now()))
+                    continue
+                task, pending = pending, None
+                try:
+                    delivery = task.result()
+                except StopAsyncIteration:
+                    return
+                except BusError as exc:
+                    await context.abort_with_status(to_status(exc))
+                    return
+                yield pb.ConsumeResponse(delivery=delivery_to_proto(delivery))
+        finally:
+            drain.cancel()
+            if pending is not None:
+                pending.cancel()
+
+    async def _end_consumer(self, consumer: Consumer) -> None:
+        try:
+            await consumer.close()
+            if consumer.mode is Mode.AT_LEAST_ONCE:
+                # The stream's reader is gone: whatever it was handed and did not ack is
+                # redelivered promptly rather than after the visibility timeout.
+                released = await consumer.release_pending()
+                if released:
+                    log.info("released %d unacked deliveries of %s", released, consumer.queue.name)
+        except BusError as exc:
+            log.warning("closing consumer of %s: %s", consumer.queue.name, exc)
+
+    @unary
+    async def Ack(
+        self, request: pb.AckRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AckResponse:
+        queue = self._bus.queue(request.queue)
+        acked, unknown = 0, list[int]()
+        if request.up_to_id:
+            acked += await self._consumer(request.consumer_id).ack_upto(request.up_to_id)
+        if request.ids:
+            try:
+                acked += await queue.ack(*request.ids)
+            except UnknownMessageError as exc:
+                unknown = list(exc.ids)
+                acked += len(request.ids) - len(unknown)
+        return pb.AckResponse(acked=acked, unknown_ids=unknown)
+
+    @unary
+    async def Nack(
+        self, request: pb.NackRequest, context: grpc.aio.ServicerContext
+    ) -> pb.NackResponse:
+        consumer = self._consumer(request.consumer_id)
+        if consumer.queue.name != request.queue:
+            raise RequestError("consumer_id belongs to another queue")
+        await consumer.nack(list(request.ids))
+        return pb.NackResponse()
+
+    def _consumer(self, consumer_id: str) -> Consumer:
+        consumer = self._consumers.get(consumer_id)
+        if consumer is None:
+            raise NotFound("no active stream with that consumer_id", "CONSUMER_NOT_FOUND")
+        return consumer
+
+    # -- inspection and management -----------------------------------------------------
+
+    @unary
+    async def GetQueue(
+        self, request: pb.GetQueueRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetQueueResponse:
+        queue = self._bus.queue(request.queue)
+        ttl = await queue.ttl()
+        if ttl is None:
+            raise NotFound(f"queue {request.queue!r} does not exist", "QUEUE_NOT_FOUND")
+        return pb.GetQueueResponse(
+            queue=queue.name,
+            count=await queue.count(),
+            ttl=duration(ttl),
+            last_id=await queue.last_id(),
+            metadata=await queue.metadata(),
+        )
+
+    @unary
+    async def UpdateQueueMetadata(
+        self, request: pb.UpdateQueueMetadataRequest, context: grpc.aio.ServicerContext
+    ) -> pb.UpdateQueueMetadataResponse:
+        await self._bus.queue(request.queue).set_metadata(dict(request.metadata))
+        return pb.UpdateQueueMetadataResponse()
+
+    @unary
+    async def FlushQueue(
+        self, request: pb.FlushQueueRequest, context: grpc.aio.ServicerContext
+    ) -> pb.FlushQueueResponse:
+        await self._bus.queue(request.queue).flush()
+        return pb.FlushQueueResponse()
+
+    @unary
+    async def CloseQueue(
+        self, request: pb.CloseQueueRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CloseQueueResponse:
+        queue = self._bus.queue(request.queue)
+        if not await queue.exists():
+            raise NotFound(f"queue {request.queue!r} does not exist", "QUEUE_NOT_FOUND")
+        for consumer in [c for c in self._consumers.values() if c.queue.name == queue.name]:
+            consumer.stop()
+        await queue.close()
+        return pb.CloseQueueResponse()
+
+
+def _now() -> timestamp_pb2.Timestamp:
+    now = timestamp_pb2.Timestamp()
+    now.GetCurrentTime()
+    return now
+
+
+def _state(kind: str, source: str) -> pb.ConsumeResponse:
+    return pb.ConsumeResponse(state=types_pb2.StateEvent(kind=kind, source=source))

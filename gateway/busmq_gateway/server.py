@@ -1,0 +1,135 @@
+"""The gateway server: a grpc.aio server with auth, health, reflection and a clean drain."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from busmq import Bus, BusState, Event
+from busmq.v1 import queue_service_pb2, queue_service_pb2_grpc
+
+from .attachments import Attachments
+from .auth import SecretAuthInterceptor
+from .config import GatewaySettings
+from .queue_service import QueueService
+
+log = logging.getLogger(__name__)
+
+SERVICES = (queue_service_pb2.DESCRIPTOR.services_by_name["QueueService"].full_name,)
+
+
+class Gateway:
+    """The bus served over gRPC. ``await gateway.start()``, ``gateway.port``,
+    ``await gateway.stop()`` (drains streams first)."""
+
+    def __init__(self, settings: GatewaySettings, bus: Bus | None = None) -> None:
+        self.settings = settings
+        self._own_bus = bus is None
+        self.bus = bus or Bus(settings.bus)
+        self.port = 0
+        self._draining = asyncio.Event()
+        self._attachments = Attachments(self.bus)
+        self._health = health.aio.HealthServicer()
+        self.queues = QueueService(self.bus, settings, self._attachments, self._draining)
+        interceptors = [SecretAuthInterceptor(settings.secrets)] if settings.secrets else []
+        self.server = grpc.aio.server(interceptors=interceptors, options=self._options())
+
+    def _options(self) -> list[tuple[str, int]]:
+        keepalive_ms = int(self.settings.keepalive_seconds * 1000)
+        return [
+            ("grpc.max_receive_message_length", self.settings.max_message_bytes),
+            ("grpc.max_send_message_length", self.settings.max_message_bytes),
+            ("grpc.keepalive_time_ms", keepalive_ms),
+            ("grpc.keepalive_timeout_ms", 20_000),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),
+            # Clients may ping as often as every 10 s on long-lived idle streams.
+            ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+            ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+        ]
+
+    async def start(self) -> None:
+        if self._own_bus:
+            await self.bus.connect()
+        self.bus.events.on(self._on_bus_event)
+        queue_service_pb2_grpc.add_QueueServiceServicer_to_server(  # type: ignore[no-untyped-call]
+            self.queues, self.server
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self.server)
+        reflection.enable_server_reflection(
+            (*SERVICES, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
+        )
+        self.port = self._bind()
+        await self.server.start()
+        self._attachments.start()
+        await self._set_health(self.bus.state is BusState.ONLINE)
+        log.info(
+            "gateway listening on %s:%d (%s, auth %s)",
+            self.settings.listen.rsplit(":", 1)[0],
+            self.port,
+            "tls" if self.settings.tls else "plaintext",
+            f"{len(self.settings.secrets)} secret(s)" if self.settings.secrets else "OFF",
+        )
+
+    def _bind(self) -> int:
+        listen = self.settings.listen
+        tls = self.settings.tls
+        if tls is None:
+            port: int = self.server.add_insecure_port(listen)
+        else:
+            cert, key, client_ca = tls.read()
+            credentials = grpc.ssl_server_credentials(
+                [(key, cert)],
+                root_certificates=client_ca,
+                require_client_auth=client_ca is not None,
+            )
+            port = self.server.add_secure_port(listen, credentials)
+        if port == 0:
+            raise OSError(f"cannot listen on {listen}")
+        return port
+
+    async def stop(self) -> None:
+        """Drain: end every stream cleanly (at-least-once deliveries in flight are given
+        back for redelivery), let unary calls finish within the grace period, close."""
+        log.info("draining %d stream(s)", self.queues.active_streams)
+        self._draining.set()
+        await self._set_health(False)
+        await self.server.stop(self.settings.grace_seconds)
+        await self._attachments.close()
+        if self._own_bus:
+            await self.bus.close()
+        log.info("gateway stopped")
+
+    async def wait_for_termination(self) -> None:
+        await self.server.wait_for_termination()
+
+    async def _set_health(self, serving: bool) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if serving
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for service in ("", *SERVICES):
+            await self._health.set(service, status)
+
+    async def _on_bus_event(self, event: Event) -> None:
+        if event.kind in ("online", "offline") and not self._draining.is_set():
+            await self._set_health(self.bus.state is BusState.ONLINE)
+
+
+async def serve(settings: GatewaySettings) -> None:
+    """Run a gateway until SIGTERM or SIGINT, then drain and stop."""
+    gateway = Gateway(settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await gateway.start()
+    print(f"busmq gateway ready on port {gateway.port}", flush=True)
+    await stop.wait()
+    await gateway.stop()
