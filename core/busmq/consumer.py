@@ -1,9 +1,10 @@
 """Consumers: deliver a queue's messages in one of the three modes.
 
 A consumer is an async iterator of :class:`~busmq.message.Delivery` and an async
-context manager. A reader task fetches batches of up to ``prefetch`` messages with a
-blocking read and hands them over through a one-slot buffer, so memory stays bounded
-by about two batches and a slow iteration slows the reads.
+context manager. A reader task fetches batches of up to ``prefetch`` messages and hands
+them over through a one-slot buffer, so memory stays bounded by about two batches and a
+slow iteration slows the reads. Reads never block in Redis: when a queue is empty the
+reader waits for a wake-up from the shard's :class:`~busmq.notifier.Notifier`.
 
 - at-most-once: ``XREADGROUP ... NOACK``; the batch read is deleted in the same round
   trip as the next read. Each message goes to one consumer and is gone.
@@ -294,6 +295,9 @@ class Consumer:
     # -- fetching -------------------------------------------------------------------
 
     async def _read_loop(self) -> None:
+        shard = self.queue._shard
+        assert shard is not None, "start() locates the queue"
+        wake = await shard.notifier.watch(self.queue.name)
         backoff = 0.05
         next_claim = 0.0
         loop = asyncio.get_running_loop()
@@ -305,13 +309,13 @@ class Consumer:
                     count = min(count, self.max - self._fetched)
                     if count <= 0:
                         break
+                wake.clear()  # before reading, so a push during the read is not missed
                 try:
+                    batch: list[Delivery] = []
                     if self.mode is Mode.AT_LEAST_ONCE and loop.time() >= next_claim:
                         next_claim = loop.time() + self._claim_interval
                         batch = await self._claim(count)
-                        if not batch:
-                            batch = await self._fetch(count)
-                    else:
+                    if not batch:
                         batch = await self._fetch_shielded(count)
                 except BusUnavailableError as exc:
                     self.queue.events.emit(Event("error", self.queue.name, error=exc))
@@ -325,8 +329,14 @@ class Consumer:
                 if batch:
                     self._fetched += len(batch)
                     await self._buffer.put(batch)
+                else:
+                    await _wait(wake, self._idle_seconds)
+            if self._to_delete:  # the last at-most-once batch: nothing follows to carry it
+                await self._delete_read(self._to_delete)
         except Exception as exc:
             end = _End(exc)
+        finally:
+            await shard.notifier.unwatch(self.queue.name, wake)
         # Not reached when cancelled by close(), which ends the iteration itself.
         await self._buffer.put(end)
 
@@ -342,23 +352,23 @@ class Consumer:
         return min(self.visibility_timeout / 2, self.queue._bus.settings.block_seconds)
 
     @property
-    def _block_ms(self) -> int:
-        block = self.queue._bus.settings.block_seconds
+    def _idle_seconds(self) -> float:
+        """Longest wait for a wake-up when the queue looked empty."""
+        idle = self.queue._bus.settings.block_seconds
         if self.mode is Mode.AT_LEAST_ONCE:
-            block = min(block, self._claim_interval)
-        return max(1, int(block * 1000))
+            idle = min(idle, self._claim_interval)
+        return idle
 
     async def _fetch(self, count: int) -> list[Delivery]:
         stream = self.queue._keys.stream
-        block = self._block_ms
         settle = self._settle if self.mode is Mode.AT_LEAST_ONCE else None
 
         async def read(client: aioredis.Redis) -> Any:
             pipe = client.pipeline(transaction=False)
             if self.mode is Mode.REPLAY:
-                # XREAD waits on a missing stream forever: notice a closed queue instead.
+                # A missing stream reads as empty: notice a closed queue instead.
                 pipe.exists(self.queue._keys.info)
-                pipe.xread({stream: self._cursor}, count=count, block=block)
+                pipe.xread({stream: self._cursor}, count=count)
                 exists, entries = await pipe.execute()
                 if not exists:
                     raise QueueNotFoundError(self.queue.name)
@@ -370,18 +380,18 @@ class Consumer:
                 self.name,
                 {stream: ">"},
                 count=count,
-                block=block,
                 noack=self.mode is Mode.AT_MOST_ONCE,
             )
             results = await pipe.execute(raise_on_error=False)
             for result in results:
                 if isinstance(result, rex.ResponseError):
-                    if "NOGROUP" in str(result):
+                    # The group is gone with its stream: check the queue, recreate it.
+                    if str(result).startswith("NOGROUP"):
                         raise _GroupMissing
                     raise result
             return results[-1]
 
-        reply = await self.queue._run(read, idempotent=True, blocking=True)
+        reply = await self.queue._run(read, idempotent=True)
         entries: list[tuple[bytes, dict[bytes, bytes]]] = reply[0][1] if reply else []
         if self.mode is Mode.AT_MOST_ONCE:
             self._to_delete = [entry_id for entry_id, _ in entries]
@@ -416,6 +426,14 @@ class Consumer:
             self._to_delete = []
         except BusError as exc:  # collected later by the lease renewal
             log.debug("deferred delete of %d read messages: %s", len(ids), exc)
+
+
+async def _wait(event: asyncio.Event, timeout: float) -> None:
+    try:
+        async with asyncio.timeout(timeout):
+            await event.wait()
+    except TimeoutError:
+        pass
 
 
 class _GroupMissing(Exception):

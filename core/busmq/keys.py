@@ -73,6 +73,11 @@ class QueueKeys:
         """Prefix of the per-``request_id`` keys that make pushes idempotent."""
         return f"{self.tag}:r:"
 
+    @property
+    def notify_channel(self) -> str:
+        """Pub/sub channel announcing new messages (see :mod:`busmq.notifier`)."""
+        return f"{self.tag}:n"
+
     def all(self) -> tuple[str, str, str, str]:
         """The keys that expire together and are deleted together on close, in the order
         the scripts expect them."""

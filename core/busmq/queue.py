@@ -221,7 +221,10 @@ class Queue:
         self._require_open()
         if not encoded:
             return PushResult([], False)
-        args: list[bytes | str | int] = [_ms(self._bus.settings.dedupe_seconds)]
+        args: list[bytes | str | int] = [
+            _ms(self._bus.settings.dedupe_seconds),
+            self._keys.notify_channel,
+        ]
         for message in encoded:
             args += (message.payload, message.kind.value, message.headers)
         keys = [self._keys.info, self._keys.stream]
@@ -379,11 +382,10 @@ class Queue:
         call: Callable[[aioredis.Redis], Awaitable[T]],
         *,
         idempotent: bool,
-        blocking: bool = False,
     ) -> T:
         shard = self._shard or await self._bus._locate(self.name)
         self._shard = shard
-        return await shard.run(call, idempotent=idempotent, blocking=blocking)
+        return await shard.run(call, idempotent=idempotent)
 
     def _script_error(self, exc: RedisCommandError) -> Exception:
         text = str(exc)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 _SCHEMES = ("redis", "rediss", "unix")
@@ -56,8 +58,9 @@ class BusSettings:
             every third of that. A crashed client's attachment lapses after this.
         default_ttl: seconds a queue survives after its last client detached.
         max_message_bytes: largest encoded message (payload plus headers) accepted.
-        block_seconds: how long one blocking read waits before consumers loop (and check
-            for stalled deliveries to reclaim).
+        block_seconds: longest an idle consumer waits for a wake-up before reading
+            again (a safety net for lost notifications; also paces reclaim checks).
+        max_connections: Redis connections per shard and process (calls queue beyond).
         health_interval: seconds between health probes of each shard.
         reconnect_backoff_max: cap in seconds of the exponential reconnect backoff.
         dedupe_seconds: how long a push ``request_id`` is remembered for idempotent retries.
@@ -70,6 +73,7 @@ class BusSettings:
     default_ttl: float = 30.0
     max_message_bytes: int = 1024 * 1024
     block_seconds: float = 1.0
+    max_connections: int = 128
     health_interval: float = 1.0
     reconnect_backoff_max: float = 5.0
     dedupe_seconds: float = 600.0
@@ -85,6 +89,7 @@ class BusSettings:
             "default_ttl": self.default_ttl,
             "max_message_bytes": self.max_message_bytes,
             "block_seconds": self.block_seconds,
+            "max_connections": self.max_connections,
             "health_interval": self.health_interval,
             "reconnect_backoff_max": self.reconnect_backoff_max,
             "dedupe_seconds": self.dedupe_seconds,
@@ -94,14 +99,27 @@ class BusSettings:
                 raise ValueError(f"{name} must be positive, got {value!r}")
 
     @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None) -> BusSettings:
-        """Build settings from ``BUSMQ_REDIS_URLS`` (comma-separated) and ``BUSMQ_DATA_DIR``."""
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> BusSettings:
+        """Build settings from the environment: ``BUSMQ_REDIS_URLS`` (comma-separated),
+        ``BUSMQ_DATA_DIR``, and ``BUSMQ_<FIELD>`` for every numeric field (for example
+        ``BUSMQ_LEASE_SECONDS=5``)."""
         env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
         urls = tuple(u.strip() for u in env.get("BUSMQ_REDIS_URLS", "").split(",") if u.strip())
-        data_dir = env.get("BUSMQ_DATA_DIR")
-        if data_dir:
-            return cls(redis_urls=urls, data_dir=Path(data_dir))
-        return cls(redis_urls=urls)
+        if urls:
+            values["redis_urls"] = urls
+        if env.get("BUSMQ_DATA_DIR"):
+            values["data_dir"] = Path(env["BUSMQ_DATA_DIR"])
+        for f in fields(cls):
+            raw = env.get(f"BUSMQ_{f.name.upper()}")
+            if raw is None or f.name in ("redis_urls", "data_dir"):
+                continue
+            kind = int if f.type in (int, "int") else float
+            try:
+                values[f.name] = kind(raw)
+            except ValueError:
+                raise ValueError(f"BUSMQ_{f.name.upper()} must be a number, got {raw!r}") from None
+        return cls(**values)
 
     def __repr__(self) -> str:
         urls = ", ".join(mask_url(u) for u in self.redis_urls)

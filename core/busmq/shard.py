@@ -29,6 +29,7 @@ from .errors import (
     RedisCommandError,
 )
 from .events import Event, EventHub
+from .notifier import Notifier
 from .settings import BusSettings, mask_url
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ def shard_identity(url: str) -> str:
 
 
 class Shard:
-    """A Redis deployment with a client for commands and one for blocking reads."""
+    """A Redis deployment: its connection pool, health monitor and notifier."""
 
     def __init__(self, url: str, settings: BusSettings, events: EventHub[Event]) -> None:
         self.url = url
@@ -62,21 +63,19 @@ class Shard:
         self.identity = shard_identity(url)
         self._settings = settings
         self._events = events
-        no_retry = Retry(NoBackoff(), 0)
-        self.client: aioredis.Redis = aioredis.Redis.from_url(
+        # Commands never block in Redis (idle consumers wait on the notifier), so a
+        # bounded pool serves any number of consumers; callers queue for a connection
+        # within their operation timeout.
+        pool = aioredis.BlockingConnectionPool.from_url(
             url,
-            retry=no_retry,
+            max_connections=settings.max_connections,
+            timeout=None,
+            retry=Retry(NoBackoff(), 0),
             socket_timeout=settings.operation_timeout,
             socket_connect_timeout=settings.operation_timeout,
         )
-        # Blocking reads hold a connection for up to block_seconds; a separate pool keeps
-        # them from starving ordinary commands.
-        self.blocking: aioredis.Redis = aioredis.Redis.from_url(
-            url,
-            retry=no_retry,
-            socket_timeout=settings.block_seconds + settings.operation_timeout,
-            socket_connect_timeout=settings.operation_timeout,
-        )
+        self.client: aioredis.Redis = aioredis.Redis(connection_pool=pool)
+        self.notifier = Notifier(self.client, settings.reconnect_backoff_max)
         self.state = ShardState.CONNECTING
         self._online = asyncio.Event()
         self._wake_monitor = asyncio.Event()
@@ -100,8 +99,9 @@ class Shard:
         if self._monitor is not None:
             self._monitor.cancel()
             await asyncio.gather(self._monitor, return_exceptions=True)
+        await self.notifier.close()
         await self.client.aclose()
-        await self.blocking.aclose()
+        await self.client.connection_pool.disconnect()
 
     # -- health --------------------------------------------------------------------------
 
@@ -117,6 +117,8 @@ class Shard:
                 backoff = min(backoff * 2, self._settings.reconnect_backoff_max)
             else:
                 backoff = 0.05
+                if self.state is ShardState.OFFLINE:
+                    await self._drop_idle_connections()
                 self._set_state(ShardState.ONLINE)
                 delay = self._settings.health_interval
             self._wake_monitor.clear()
@@ -125,6 +127,19 @@ class Shard:
                     await self._wake_monitor.wait()
             except TimeoutError:
                 pass
+
+    async def _drop_idle_connections(self) -> None:
+        """Close the pooled connections left from before an outage so calls reconnect.
+
+        redis-py does not notice that an idle pooled connection was reset by a server
+        that died (the reset does not read as EOF); reusing one after the server is back
+        fails, and fails a non-idempotent push outright.
+        """
+        for client in (self.client,):
+            try:
+                await client.connection_pool.disconnect(inuse_connections=False)
+            except Exception as exc:  # closing a dead socket; must not stop the monitor
+                log.debug("dropping stale connections of %s: %s", self.label, exc)
 
     def report_failure(self, exc: BaseException) -> None:
         """Mark the shard offline after a failed call and have the monitor probe it now."""
@@ -155,7 +170,6 @@ class Shard:
         call: Callable[[aioredis.Redis], Awaitable[T]],
         *,
         idempotent: bool,
-        blocking: bool = False,
         timeout: float | None = None,
     ) -> T:
         """Run ``call(client)`` within the operation timeout, translating errors.
@@ -166,12 +180,9 @@ class Shard:
         since the command may have been applied.
         """
         budget = self._settings.operation_timeout if timeout is None else timeout
-        if blocking:
-            budget += self._settings.block_seconds
-        client = self.blocking if blocking else self.client
         try:
             async with asyncio.timeout(budget):
-                return await self._run(call, client, idempotent)
+                return await self._run(call, self.client, idempotent)
         except TimeoutError:
             if self.state is ShardState.OFFLINE:
                 raise BusUnavailableError(

@@ -6,7 +6,16 @@ import asyncio
 
 import pytest
 
-from busmq import LATEST, Bus, Delivery, Mode, ModeConflictError, Retention, UnknownMessageError
+from busmq import (
+    LATEST,
+    Bus,
+    Delivery,
+    Mode,
+    ModeConflictError,
+    QueueNotFoundError,
+    Retention,
+    UnknownMessageError,
+)
 from busmq.consumer import Consumer
 from tests.support.waiting import eventually
 
@@ -248,11 +257,26 @@ async def test_consumer_events_are_emitted(bus: Bus) -> None:
 
 def test_consumer_options_are_validated(bus: Bus) -> None:
     queue = bus.queue("options")
-    queue._member = "fake-attachment"  # validation happens before any Redis call
     with pytest.raises(ValueError):
         queue.consume(max=0)
     with pytest.raises(ValueError):
         queue.consume(prefetch=0)
     with pytest.raises(ValueError):
         queue.consume(Mode.AT_LEAST_ONCE, visibility_timeout=0)
-    queue._member = None
+
+
+async def test_consumers_end_with_queue_not_found_when_the_queue_is_closed(bus: Bus) -> None:
+    async with bus.queue("vanishing") as queue:
+        amo = queue.consume(Mode.AT_MOST_ONCE)
+        replay_queue = bus.queue("vanishing-replay")
+        await replay_queue.attach()
+        replay = replay_queue.consume(Mode.REPLAY)
+        await amo.start()
+        await replay.start()
+        await bus.queue("vanishing").close()
+        await bus.queue("vanishing-replay").close()
+        for consumer in (amo, replay):
+            with pytest.raises(QueueNotFoundError):
+                async for _ in consumer:
+                    pass
+            await consumer.close()

@@ -1,5 +1,6 @@
 -- Append messages with consecutive ids.
--- KEYS: info, stream[, dedupe key]. ARGV: dedupe_ms, then (payload, kind, headers) per message.
+-- KEYS: info, stream[, dedupe key]. ARGV: dedupe_ms, notify channel, then (payload, kind,
+-- headers) per message. Publishes the last id on the channel to wake idle consumers.
 -- Returns {first id, 1 if this request_id was already stored (nothing written) else 0}.
 local info, stream, dedupe = KEYS[1], KEYS[2], KEYS[3]
 if redis.call('EXISTS', info) == 0 then return redis.error_reply('NOQUEUE queue does not exist') end
@@ -7,7 +8,7 @@ if dedupe then
   local previous = redis.call('GET', dedupe)
   if previous then return {tonumber(previous), 1} end
 end
-local n = (#ARGV - 1) / 3
+local n = (#ARGV - 2) / 3
 local conf = redis.call('HMGET', info, 'maxlen', 'maxage', 'backlog')
 if conf[3] and redis.call('XLEN', stream) + n > tonumber(conf[3]) then
   return redis.error_reply('FULL ' .. conf[3])
@@ -16,7 +17,7 @@ local first = redis.call('HINCRBY', info, 'seq', n) - n + 1
 local now = now_ms()
 local stamp = string.format('%d', now)
 for i = 0, n - 1 do
-  local base = 2 + i * 3
+  local base = 3 + i * 3
   local id = string.format('%d-0', first + i)
   if ARGV[base + 2] == '' then
     redis.call('XADD', stream, id, 'p', ARGV[base], 'k', ARGV[base + 1], 't', stamp)
@@ -32,4 +33,5 @@ if redis.call('PTTL', stream) == -1 then
   if pttl > 0 then redis.call('PEXPIRE', stream, pttl) end
 end
 if dedupe then redis.call('SET', dedupe, first, 'PX', ARGV[1]) end
+redis.call('PUBLISH', ARGV[2], first + n - 1)
 return {first, 0}

@@ -1,0 +1,76 @@
+"""A real ``busmq-gateway`` process for tests that need to signal, kill or measure it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+
+from tests.support.redis_server import free_port
+
+GATEWAY_CMD = [sys.executable, "-m", "busmq_gateway"]
+
+
+class GatewayProcess:
+    def __init__(
+        self, redis_url: str, secrets: tuple[str, ...] = ("secret-1",), *extra: str
+    ) -> None:
+        self.redis_url = redis_url
+        self.secrets = secrets
+        self.extra = extra
+        self.port = free_port()
+        self.process: asyncio.subprocess.Process | None = None
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    async def start(self, timeout: float = 20.0) -> None:
+        args = [
+            *GATEWAY_CMD,
+            "--listen", self.target,
+            "--redis-url", self.redis_url,
+            "--log-format", "text",
+            "--grace-seconds", "5",
+            *[a for s in self.secrets for a in ("--secret", s)],
+            *self.extra,
+        ]  # fmt: skip
+        env = {**os.environ, "BUSMQ_LEASE_SECONDS": "3"}
+        self.process = await asyncio.create_subprocess_exec(
+            *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env
+        )
+        assert self.process.stdout is not None
+        async with asyncio.timeout(timeout):
+            while True:
+                line = await self.process.stdout.readline()
+                if not line:
+                    raise RuntimeError("gateway exited before it was ready")
+                if b"busmq gateway ready" in line:
+                    break
+        self._drain = asyncio.create_task(self._discard_output())
+
+    async def _discard_output(self) -> None:
+        assert self.process is not None and self.process.stdout is not None
+        while await self.process.stdout.readline():
+            pass
+
+    def signal(self, sig: int) -> None:
+        assert self.process is not None
+        os.kill(self.process.pid, sig)
+
+    async def wait(self, timeout: float = 30.0) -> int:
+        assert self.process is not None
+        code = await asyncio.wait_for(self.process.wait(), timeout)
+        await self._drain
+        return code
+
+    async def stop(self) -> None:
+        if self.process is None or self.process.returncode is not None:
+            return
+        self.signal(signal.SIGTERM)
+        try:
+            await self.wait()
+        except TimeoutError:
+            self.process.kill()
+            await self.process.wait()
