@@ -50,6 +50,8 @@ class QueueService(pb_grpc.QueueServiceServicer):
         self._attachments = attachments
         self._draining = draining
         self._consumers: dict[str, Consumer] = {}
+        self.no_streams = asyncio.Event()
+        self.no_streams.set()
 
     @property
     def active_streams(self) -> int:
@@ -119,6 +121,7 @@ class QueueService(pb_grpc.QueueServiceServicer):
         if consumer is None:  # pragma: no cover - rpc_errors aborted the call
             return
         self._consumers[consumer.name] = consumer
+        self.no_streams.clear()
         try:
             yield pb.ConsumeResponse(started=pb.ConsumeStarted(consumer_id=consumer.name))
             async for response in self._deliveries(consumer, context):
@@ -126,6 +129,8 @@ class QueueService(pb_grpc.QueueServiceServicer):
         finally:
             self._consumers.pop(consumer.name, None)
             await self._end_consumer(consumer)
+            if not self._consumers:
+                self.no_streams.set()
 
     def _consumer_for(self, request: pb.ConsumeRequest) -> Consumer:
         mode = _MODES.get(request.mode)

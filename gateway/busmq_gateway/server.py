@@ -99,7 +99,14 @@ class Gateway:
         log.info("draining %d stream(s)", self.queues.active_streams)
         self._draining.set()
         await self._set_health(False)
-        await self.server.stop(self.settings.grace_seconds)
+        # Streams end first while unary calls are still served, so clients can ack what
+        # they were sent; then the listener closes and running calls get the rest.
+        half = self.settings.grace_seconds / 2
+        try:
+            await asyncio.wait_for(self.queues.no_streams.wait(), half)
+        except TimeoutError:
+            log.warning("%d stream(s) still open after %.1fs", self.queues.active_streams, half)
+        await self.server.stop(half)
         await self._attachments.close()
         if self._own_bus:
             await self.bus.close()
