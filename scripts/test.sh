@@ -1,13 +1,25 @@
 #!/usr/bin/env bash
-# Set up (scripts/setup.sh), then run lint, type checks and the whole test suite.
-# Extra arguments go to pytest, e.g. scripts/test.sh -k queue -x
+# Set up (scripts/setup.sh), then run every check and the whole test suite:
+# ruff, mypy --strict, buf lint/format/breaking, generated-code freshness, hadolint,
+# pytest. Extra arguments go to pytest, e.g. scripts/test.sh -k queue -x
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+BIN=.venv/bin
 echo "==> ruff"
-.venv/bin/ruff check .
-.venv/bin/ruff format --check .
+$BIN/ruff check .
+$BIN/ruff format --check .
 echo "==> mypy --strict"
-.venv/bin/mypy
+$BIN/mypy
+echo "==> buf lint, format, breaking (against main)"
+$BIN/buf lint
+$BIN/buf format --exit-code >/dev/null || { echo "proto files need 'buf format -w'" >&2; exit 1; }
+if git rev-parse --verify -q main >/dev/null; then
+  $BIN/buf breaking --against '.git#branch=main'
+fi
+echo "==> generated code"
+bash scripts/gen_proto.sh --check
+echo "==> hadolint"
+$BIN/hadolint Dockerfile
 echo "==> pytest"
-.venv/bin/pytest "$@"
+$BIN/pytest "$@"

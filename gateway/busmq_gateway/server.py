@@ -36,8 +36,7 @@ class Gateway:
         self._attachments = Attachments(self.bus)
         self._health = health.aio.HealthServicer()
         self.queues = QueueService(self.bus, settings, self._attachments, self._draining)
-        interceptors = [SecretAuthInterceptor(settings.secrets)] if settings.secrets else []
-        self.server = grpc.aio.server(interceptors=interceptors, options=self._options())
+        self.server: grpc.aio.Server | None = None
 
     def _options(self) -> list[tuple[str, int]]:
         keepalive_ms = int(self.settings.keepalive_seconds * 1000)
@@ -55,7 +54,12 @@ class Gateway:
 
     async def start(self) -> None:
         if self._own_bus:
+            # Before gRPC starts its threads: the embedded Redis is a forked child.
             await self.bus.connect()
+        interceptors = (
+            [SecretAuthInterceptor(self.settings.secrets)] if self.settings.secrets else []
+        )
+        self.server = grpc.aio.server(interceptors=interceptors, options=self._options())
         self.bus.events.on(self._on_bus_event)
         queue_service_pb2_grpc.add_QueueServiceServicer_to_server(  # type: ignore[no-untyped-call]
             self.queues, self.server
@@ -77,6 +81,7 @@ class Gateway:
         )
 
     def _bind(self) -> int:
+        assert self.server is not None
         listen = self.settings.listen
         tls = self.settings.tls
         if tls is None:
@@ -106,14 +111,12 @@ class Gateway:
             await asyncio.wait_for(self.queues.no_streams.wait(), half)
         except TimeoutError:
             log.warning("%d stream(s) still open after %.1fs", self.queues.active_streams, half)
-        await self.server.stop(half)
+        if self.server is not None:
+            await self.server.stop(half)
         await self._attachments.close()
         if self._own_bus:
             await self.bus.close()
         log.info("gateway stopped")
-
-    async def wait_for_termination(self) -> None:
-        await self.server.wait_for_termination()
 
     async def _set_health(self, serving: bool) -> None:
         status = (

@@ -1,0 +1,30 @@
+# busmq gateway image.
+#   docker build -t busmq-gateway .
+#   docker run -p 8443:8443 -e BUSMQ_GATEWAY_SECRETS=change-me \
+#     -e BUSMQ_REDIS_URLS=redis://redis:6379 busmq-gateway
+# Secrets may also come from a mounted file: --secret-file /run/secrets/busmq.
+# With no BUSMQ_REDIS_URLS the gateway runs its embedded Redis in /data.
+
+FROM python:3.11-slim-bookworm AS build
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY core ./core
+COPY gateway ./gateway
+COPY proto ./proto
+RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+
+FROM python:3.11-slim-bookworm
+RUN groupadd --system --gid 10001 busmq \
+    && useradd --system --uid 10001 --gid 10001 --home-dir /data --create-home busmq
+COPY --from=build /wheels /wheels
+RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
+USER 10001:10001
+WORKDIR /data
+ENV BUSMQ_DATA_DIR=/data/redis \
+    BUSMQ_GATEWAY_LISTEN=0.0.0.0:8443 \
+    PYTHONUNBUFFERED=1
+EXPOSE 8443
+HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 \
+  CMD ["python", "-m", "busmq_gateway.healthcheck"]
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["busmq-gateway"]
