@@ -12,6 +12,7 @@ async with busmq.Bus(redis_urls=("redis://127.0.0.1:6379",)) as bus:
 """
 
 from .bus import Bus, BusState
+from .channel import Channel, ChannelState
 from .consumer import LATEST, Consumer, Mode
 from .embedded import EmbeddedRedis
 from .errors import (
@@ -19,6 +20,8 @@ from .errors import (
     BusError,
     BusTimeoutError,
     BusUnavailableError,
+    ChannelEndedError,
+    ChannelStateError,
     EmbeddedRedisError,
     InvalidMessageError,
     InvalidNameError,
@@ -27,11 +30,15 @@ from .errors import (
     NotAttachedError,
     QueueFullError,
     QueueNotFoundError,
+    RequestTimeoutError,
+    ServiceError,
     UnknownMessageError,
 )
 from .events import Event, Subscription
 from .message import Delivery, Message, PayloadKind
-from .queue import Queue, Retention
+from .persistable import Persistable
+from .queue import PushResult, Queue, Retention
+from .service import Request, Service
 from .settings import BusSettings
 
 __all__ = [
@@ -43,6 +50,10 @@ __all__ = [
     "BusState",
     "BusTimeoutError",
     "BusUnavailableError",
+    "Channel",
+    "ChannelEndedError",
+    "ChannelState",
+    "ChannelStateError",
     "Consumer",
     "Delivery",
     "EmbeddedRedis",
@@ -56,10 +67,16 @@ __all__ = [
     "ModeConflictError",
     "NotAttachedError",
     "PayloadKind",
+    "Persistable",
+    "PushResult",
     "Queue",
     "QueueFullError",
     "QueueNotFoundError",
+    "Request",
+    "RequestTimeoutError",
     "Retention",
+    "Service",
+    "ServiceError",
     "Subscription",
     "UnknownMessageError",
 ]

@@ -6,17 +6,20 @@ import asyncio
 import enum
 import logging
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import redis.asyncio as aioredis
 
+from .channel import Channel
 from .embedded import EmbeddedRedis
 from .errors import BusClosedError, BusError, BusUnavailableError
 from .events import Event, EventHub
 from .keys import QueueKeys
+from .persistable import Persistable
 from .queue import Queue
 from .scripts import Scripts
+from .service import Service
 from .settings import BusSettings
 from .shard import Shard, ShardState
 from .sharding import rank
@@ -56,7 +59,7 @@ class Bus:
         self.embedded: EmbeddedRedis | None = None
         self.scripts: Scripts
         self._attached: set[Queue] = set()
-        self._locations: dict[str, Shard] = {}  # queues known to exist, by name
+        self._locations: dict[str, Shard] = {}  # shard of objects known to exist, by key
         self._renewer: asyncio.Task[None] | None = None
         self._state = BusState.CREATED
         self.events.on(self._track_state)
@@ -131,42 +134,68 @@ class Bus:
     # -- objects --------------------------------------------------------------------
 
     def queue(self, name: str) -> Queue:
-        """A handle on queue ``name`` (validated now; attach it to use it)."""
+        """A handle on queue ``name`` (validated now; attach it to create it)."""
+        self._require_open()
+        return Queue(self, name)
+
+    def channel(
+        self, name: str, local: str = "local", remote: str = "remote", *, ttl: float | None = None
+    ) -> Channel:
+        """One end of channel ``name``, playing ``local`` towards ``remote``."""
+        self._require_open()
+        return Channel(self, name, local=local, remote=remote, ttl=ttl)
+
+    def persistable(
+        self, name: str, fields: Iterable[str] | Mapping[str, Any], *, ttl: float | None = None
+    ) -> Persistable:
+        """Persistable object ``name`` tracking ``fields`` (names, or names to defaults)."""
+        self._require_open()
+        return Persistable(self, name, fields, ttl=ttl)
+
+    def service(self, name: str, **options: Any) -> Service:
+        """Request/reply service ``name`` (see :class:`~busmq.service.Service`)."""
+        self._require_open()
+        return Service(self, name, **options)
+
+    def _require_open(self) -> None:
         if self._state is BusState.CLOSED:
             raise BusClosedError("the bus is closed")
-        return Queue(self, name)
 
     # -- placement ------------------------------------------------------------------
 
-    async def _locate(self, name: str) -> Shard:
-        """The shard that holds queue ``name``, or where it is to be created.
+    async def _locate(self, name: str, probe_key: str | None = None) -> Shard:
+        """The shard that holds object ``name``, or where it is to be created.
 
-        Shards are probed in rendezvous order; the first that already has the queue
-        wins, so queues created before shards were added are still found.
+        Shards are probed in rendezvous order for ``probe_key`` (default: the queue's
+        info hash); the first that already has it wins, so objects created before
+        shards were added are still found.
         """
         if not self.shards:
             raise BusError("the bus is not connected")
         if len(self.shards) == 1:
             return self.shards[0]
-        known = self._locations.get(name)
+        key = probe_key or QueueKeys(name).info
+        known = self._locations.get(key)
         if known is not None:
             return known
         order = [self.shards[i] for i in rank([s.identity for s in self.shards], name)]
-        info = QueueKeys(name).info
 
         async def exists(client: aioredis.Redis) -> int:
-            return int(await client.exists(info))
+            return int(await client.exists(key))
 
         found = await asyncio.gather(*(s.run(exists, idempotent=True) for s in order))
         for shard, present in zip(order, found, strict=True):
             if present:
-                self._locations[name] = shard
+                self._locations[key] = shard
                 return shard
         return order[0]
 
     def _forget_location(self, name: str) -> None:
         """The queue is gone from where it was: locate it afresh next time."""
-        self._locations.pop(name, None)
+        self._locations.pop(QueueKeys(name).info, None)
+
+    def _remember_location(self, name: str, shard: Shard) -> None:
+        self._locations[QueueKeys(name).info] = shard
 
     # -- leases ---------------------------------------------------------------------
 

@@ -27,8 +27,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING
 
 from .consumer import Consumer, Mode
-from .errors import BusError, InvalidMessageError, InvalidNameError, NotAttachedError
-from .errors import QueueNotFoundError as _QueueNotFound
+from .errors import (
+    BusError,
+    ChannelEndedError,
+    ChannelStateError,
+    InvalidMessageError,
+    InvalidNameError,
+    QueueNotFoundError,
+)
 from .events import Event, EventHub
 from .keys import MAX_NAME_LENGTH, validate_name
 from .message import Delivery, Payload
@@ -50,23 +56,10 @@ _DISCONNECT_DRAIN_SECONDS = 0.5
 Handler = Callable[[Delivery], Awaitable[object]]
 
 
-class ChannelStateError(BusError):
-    """The channel is not in a state that allows the operation (e.g. ``send`` before
-    ``connect``, or ``connect`` twice)."""
-
-    def __init__(self, channel: str, message: str) -> None:
-        super().__init__(f"channel {channel!r}: {message}")
-        self.channel = channel
-
-
-class ChannelEndedError(ChannelStateError):
-    """The channel was ended, by this end or by the peer; it cannot be used again."""
-
-    def __init__(self, channel: str, detail: str = "the channel has ended") -> None:
-        super().__init__(channel, detail)
-
-
 class ChannelState(enum.Enum):
+    """Where one end stands: ``idle`` (never connected), ``connected``,
+    ``disconnected`` (may connect again) or ``ended`` (final)."""
+
     IDLE = "idle"
     CONNECTED = "connected"
     DISCONNECTED = "disconnected"
@@ -94,12 +87,14 @@ def channel_queue_name(channel: str, role: str) -> str:
 
 
 class Channel:
-    """One end of a bidirectional channel. Obtain with ``Channel(bus, name)``.
+    """One end of a bidirectional channel: ``Channel(bus, name)``.
 
     ``connect()`` plays the ``local`` role (receives what is sent to ``local``, sends
     to ``remote``); ``listen()`` plays ``remote``. Receive by iterating
-    (``async for delivery in channel``) or with a ``handler`` given to
-    ``connect``/``listen``; observe ``channel.events``: ``connected``,
+    (``async for delivery in channel``; it ends on disconnect or end) or with a
+    ``handler`` given to ``connect``/``listen``. Without a handler, deliveries wait for
+    the iteration (at most ``prefetch`` are buffered, then reading pauses; control
+    signals behind them wait too, in order). Observe ``channel.events``: ``connected``,
     ``remote_connected``, ``disconnected``, ``remote_disconnected``, ``message`` (the
     delivery in ``details["delivery"]``, a notification: events may be dropped for a
     slow subscriber, deliveries never are), ``ended`` (``details["by"]`` is ``local``
@@ -111,7 +106,8 @@ class Channel:
 
     Args:
         bus: a connected bus.
-        name: the channel name (a queue name, up to 150 characters).
+        name: the channel name: a queue name short enough that ``<name>:to:<role>``
+            is one too (200 characters).
         local: the role of the end that calls ``connect()``.
         remote: the role of the end that calls ``listen()``.
         ttl: seconds the channel's queues survive after both ends detached
@@ -154,7 +150,7 @@ class Channel:
         self._consumer: Consumer | None = None
         self._pump: asyncio.Task[None] | None = None
         self._inbox = _Inbox(1)
-        self._handling: Delivery | None = None
+        self._holding: Delivery | None = None
         self._lock = asyncio.Lock()
 
     def __repr__(self) -> str:
@@ -223,12 +219,8 @@ class Channel:
             self.role = role
             inbound = Queue(self._bus, channel_queue_name(self.name, role))
             outbound = Queue(self._bus, channel_queue_name(self.name, self.peer_role))
-            consumer = inbound.consume(
-                mode, prefetch=prefetch, visibility_timeout=visibility_timeout, from_id=from_id
-            ) if False else None  # placeholder replaced below, after attaching
-            del consumer
-            await asyncio.gather(inbound.attach(ttl=self.ttl), outbound.attach(ttl=self.ttl))
             try:
+                await asyncio.gather(inbound.attach(ttl=self.ttl), outbound.attach(ttl=self.ttl))
                 consumer = inbound.consume(
                     mode, prefetch=prefetch, visibility_timeout=visibility_timeout, from_id=from_id
                 )
@@ -241,10 +233,10 @@ class Channel:
             self._mode = mode
             self._inbox = _Inbox(prefetch)
             self._state = ChannelState.CONNECTED
+            self._emit("connected", role=role, mode=mode.value)
             self._pump = asyncio.create_task(
                 self._pump_loop(consumer, handler), name=f"busmq-channel {self.name}:{role}"
             )
-        self._emit("connected", role=role, mode=mode.value)
 
     # -- sending ----------------------------------------------------------------------
 
@@ -264,7 +256,7 @@ class Channel:
             raise ChannelStateError(self.name, "not connected (use send_to to send anyway)")
         try:
             return await self._outbound.push(message, headers=headers)
-        except (NotAttachedError, _QueueNotFound):
+        except QueueNotFoundError:
             # The peer's queue is gone: the peer ended the channel (its ``end`` is on
             # its way to us) or the queue expired.
             raise ChannelEndedError(self.name, "the peer's queue is gone (ended)") from None
@@ -293,6 +285,8 @@ class Channel:
         return self
 
     async def __anext__(self) -> Delivery:
+        if self._state is ChannelState.IDLE:
+            raise ChannelStateError(self.name, "connect or listen before iterating")
         delivery = await self._inbox.get()
         if delivery is None:
             raise StopAsyncIteration
@@ -314,17 +308,25 @@ class Channel:
         try:
             async for raw in consumer:
                 delivery = Delivery(raw.message, raw.delivery_count, settle)
+                # Neither in the consumer nor in the inbox while the pump holds it: a
+                # disconnect must give it back too.
+                self._holding = delivery
                 control = raw.headers.get(CONTROL_HEADER)
                 if control is None:
                     await self._deliver(delivery, handler)
+                    self._holding = None
                     continue
-                await delivery.ack()
+                await self._settle_quietly(delivery, ack=True)
+                self._holding = None
                 if control == "end":
                     await self._ended_by_peer()
                     return
-                self.remote_connected = control == "connect"
-                if control in ("connect", "disconnect"):
-                    self._emit(f"remote_{control}ed")
+                if control == "connect":
+                    self.remote_connected = True
+                    self._emit("remote_connected")
+                elif control == "disconnect":
+                    self.remote_connected = False
+                    self._emit("remote_disconnected")
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -342,16 +344,22 @@ class Channel:
             self._emit("message", delivery=delivery)
             return
         self._emit("message", delivery=delivery)
-        self._handling = delivery
         try:
             await handler(delivery)
         except Exception:
             log.exception("channel %s handler failed on #%d", self.name, delivery.id)
-            await delivery.nack()
+            await self._settle_quietly(delivery, ack=False)
         else:
-            await delivery.ack()
-        finally:
-            self._handling = None
+            await self._settle_quietly(delivery, ack=True)
+
+    async def _settle_quietly(self, delivery: Delivery, *, ack: bool) -> None:
+        """Ack or nack for the app; a failure is an ``error`` event, not the end of the
+        channel (the delivery comes back after the visibility timeout)."""
+        try:
+            await (delivery.ack() if ack else delivery.nack())
+        except BusError as exc:
+            log.info("channel %s: could not settle #%d: %s", self.name, delivery.id, exc)
+            self.events.emit(Event("error", self.name, error=exc))
 
     def _settler(self, consumer: Consumer) -> Callable[[int, bool], Awaitable[None]]:
         async def settle(message_id: int, ack: bool) -> None:
@@ -368,8 +376,10 @@ class Channel:
         into this end's queue and wait for the next ``connect``/``listen``.
 
         Deliveries already fetched: at-most-once ones stay available to the iteration
-        (it drains them, then ends); at-least-once ones not yet handed out are given
-        back for prompt redelivery.
+        (it drains them, then ends) or go through the handler first; at-least-once
+        ones not yet handed out are given back for prompt redelivery, and a handler
+        still running is cancelled (its delivery given back too). Handed-out
+        deliveries not acked come back after the visibility timeout.
         """
         async with self._lock:
             if self._state is not ChannelState.CONNECTED:
@@ -381,6 +391,8 @@ class Channel:
                     log.info("channel %s: could not tell the peer: %s", self.name, exc)
             await self._stop_receiving(drain=self._mode is Mode.AT_MOST_ONCE)
             await self._teardown()
+            if self._ended():
+                return  # the peer's ``end`` came in while this end drained
         self._emit("disconnected", reason="local")
 
     async def end(self) -> None:
@@ -393,7 +405,7 @@ class Channel:
         async with self._lock:
             if self._state is ChannelState.ENDED:
                 return
-            await self._stop_receiving(drain=False)
+            await self._stop_receiving(drain=False, give_back=False)
             inbound = self._inbound or Queue(self._bus, channel_queue_name(self.name, self.role))
             outbound = self._outbound or Queue(
                 self._bus, channel_queue_name(self.name, self.peer_role)
@@ -415,8 +427,7 @@ class Channel:
             return
         self._state = ChannelState.ENDED
         self._pump = None
-        if self._consumer is not None:
-            await self._consumer.close()
+        # Both queues go: ours holds nothing more to read, the peer already left its own.
         for queue in (self._inbound, self._outbound):
             if queue is not None:
                 try:
@@ -426,7 +437,7 @@ class Channel:
         await self._teardown()
         self._emit("ended", by="remote")
 
-    async def _stop_receiving(self, *, drain: bool) -> None:
+    async def _stop_receiving(self, *, drain: bool, give_back: bool = True) -> None:
         pump, self._pump = self._pump, None
         consumer = self._consumer
         if pump is None or consumer is None:
@@ -435,21 +446,26 @@ class Channel:
             # Let the pump hand out what the consumer already fetched (at-most-once
             # messages are gone from Redis once read) without waiting for the app.
             consumer.stop()
-            self._inbox.unbounded = True
+            self._inbox.set_unbounded()
             done, _ = await asyncio.wait({pump}, timeout=self._drain_seconds)
             if done:
                 return
         pump.cancel()
         await asyncio.gather(pump, return_exceptions=True)
-        if consumer.mode is Mode.AT_LEAST_ONCE:
-            leftovers = self._inbox.take_all()
-            if self._handling is not None:
-                leftovers.append(self._handling)
-            if leftovers:
-                try:
-                    await consumer.nack([d.id for d in leftovers])
-                except BusError as exc:
-                    log.info("channel %s: could not give back deliveries: %s", self.name, exc)
+        holding, self._holding = self._holding, None
+        if consumer.mode is not Mode.AT_LEAST_ONCE or not give_back:
+            return
+        leftovers = self._inbox.take_all() + ([holding] if holding is not None else [])
+        if leftovers:
+            try:
+                await consumer.nack([d.id for d in leftovers])
+            except BusError as exc:
+                log.info("channel %s: could not give back deliveries: %s", self.name, exc)
+
+    def _ended(self) -> bool:
+        # A method, not an inline check, so that type narrowing does not assume the
+        # state is unchanged across awaits.
+        return self._state is ChannelState.ENDED
 
     @property
     def _drain_seconds(self) -> float:
@@ -483,45 +499,60 @@ class Channel:
 
 
 class _Inbox:
-    """The bounded buffer between the pump and the iteration; ``close()`` never blocks
-    and lets the iteration drain what is left before it ends."""
+    """The bounded buffer between the pump and the iteration. ``close()`` never blocks
+    and lets the iteration drain what is left before it ends; once ``unbounded`` (set
+    while a disconnect drains the consumer) puts never wait."""
 
     def __init__(self, maxsize: int) -> None:
         self._items: collections.deque[Delivery] = collections.deque()
         self._maxsize = maxsize
         self._closed = False
-        self.unbounded = False
-        self._changed = asyncio.Condition()
+        self._unbounded = False
+        self._readable = asyncio.Event()
+        self._writable = asyncio.Event()
+        self._writable.set()
+
+    def _can_put(self) -> bool:
+        return self._unbounded or self._closed or len(self._items) < self._maxsize
+
+    def _update(self) -> None:
+        for event, ready in (
+            (self._readable, bool(self._items) or self._closed),
+            (self._writable, self._can_put()),
+        ):
+            if ready:
+                event.set()
+            else:
+                event.clear()
 
     async def put(self, item: Delivery) -> None:
-        async with self._changed:
-            await self._changed.wait_for(
-                lambda: self.unbounded or self._closed or len(self._items) < self._maxsize
-            )
-            self._items.append(item)
-            self._changed.notify_all()
+        while not self._can_put():
+            await self._writable.wait()
+        self._items.append(item)
+        self._update()
 
     async def get(self) -> Delivery | None:
-        async with self._changed:
-            await self._changed.wait_for(lambda: bool(self._items) or self._closed)
-            if not self._items:
-                return None
-            item = self._items.popleft()
-            self._changed.notify_all()
-            return item
+        while not (self._items or self._closed):
+            await self._readable.wait()
+        if not self._items:
+            return None
+        item = self._items.popleft()
+        self._update()
+        return item
 
     def take_all(self) -> list[Delivery]:
         items = list(self._items)
         self._items.clear()
+        self._update()
         return items
+
+    def set_unbounded(self) -> None:
+        self._unbounded = True
+        self._update()
 
     def close(self) -> None:
         self._closed = True
-        asyncio.ensure_future(self._wake())
-
-    async def _wake(self) -> None:
-        async with self._changed:
-            self._changed.notify_all()
+        self._update()
 
 
 def _check_headers(headers: Mapping[str, str] | None) -> None:

@@ -15,6 +15,10 @@ core: they are translated at the shard boundary (:mod:`busmq.shard`).
     ├── ModeConflictError                         destructive and replay consumers mixed
     ├── QueueFullError                            push above the queue's max backlog
     ├── BusClosedError                            the bus (or a consumer) was closed
+    ├── ChannelStateError                         channel operation in the wrong state
+    │   └── ChannelEndedError                     the channel was ended
+    ├── ServiceError                              a request's handler raised
+    ├── RequestTimeoutError         (TimeoutError) no reply within the request timeout
     ├── RedisCommandError                         Redis refused a command (misconfiguration)
     ├── BusUnavailableError                       Redis unreachable
     │   └── BusTimeoutError         (TimeoutError) an operation ran out of time
@@ -118,6 +122,56 @@ class RedisCommandError(BusError):
     This points at a misconfigured server (e.g. a Redis too old for streams) or a
     bug; the message is Redis's own.
     """
+
+
+class ChannelStateError(BusError):
+    """The channel is not in a state that allows the operation (e.g. ``send`` before
+    ``connect``, or ``connect`` twice)."""
+
+    def __init__(self, channel: str, message: str) -> None:
+        super().__init__(f"channel {channel!r}: {message}")
+        self.channel = channel
+
+
+class ChannelEndedError(ChannelStateError):
+    """The channel was ended, by this end or by the peer; it cannot be used again."""
+
+    def __init__(self, channel: str, detail: str = "the channel has ended") -> None:
+        super().__init__(channel, detail)
+
+
+class ServiceError(BusError):
+    """The service's handler raised while handling the request.
+
+    Attributes:
+        service: the service name.
+        error_type: the class name of the handler's exception.
+        detail: its message.
+    """
+
+    def __init__(self, service: str, error_type: str, detail: str) -> None:
+        super().__init__(f"service {service!r} failed: {error_type}: {detail}")
+        self.service = service
+        self.error_type = error_type
+        self.detail = detail
+
+
+class RequestTimeoutError(BusError, TimeoutError):
+    """No (further) reply came within the request's timeout.
+
+    Attributes:
+        service: the service name.
+        correlation_id: the request's correlation id.
+        timeout: the timeout in seconds.
+    """
+
+    def __init__(self, service: str, correlation_id: str, timeout: float) -> None:
+        super().__init__(
+            f"service {service!r}: no reply to request {correlation_id} within {timeout:g}s"
+        )
+        self.service = service
+        self.correlation_id = correlation_id
+        self.timeout = timeout
 
 
 class BusUnavailableError(BusError):

@@ -119,7 +119,7 @@ class Queue:
         member = f"{self._bus.client_id}:{next(self._attachments)}"
         limits = _limit_args(retention, max_backlog)
         created, _ = await self._lease(member, create=True, ttl_ms=str(ttl_ms), limits=limits)
-        self._bus._locations[self.name] = self._shard
+        self._bus._remember_location(self.name, self._shard)
         self._member = member
         self._auto_renew = auto_renew
         self._bus._attached.add(self)
