@@ -21,9 +21,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import enum
+import json
 import logging
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from .consumer import Consumer, Mode
@@ -37,8 +38,8 @@ from .errors import (
 )
 from .events import Event, EventHub
 from .keys import MAX_NAME_LENGTH, validate_name
-from .message import Delivery, Payload
-from .queue import Queue
+from .message import Delivery, EncodedMessage, Payload
+from .queue import PushResult, Queue
 
 if TYPE_CHECKING:
     from .bus import Bus
@@ -261,6 +262,22 @@ class Channel:
             # its way to us) or the queue expired.
             raise ChannelEndedError(self.name, "the peer's queue is gone (ended)") from None
 
+    async def send_encoded(
+        self, messages: Sequence[EncodedMessage], *, request_id: str | None = None
+    ) -> PushResult:
+        """Send already encoded messages to the peer atomically, in order (sizes are the
+        caller's to check); ``request_id`` makes a retry idempotent, as for
+        :meth:`Queue.push_encoded`. Raises as :meth:`send`."""
+        _check_encoded_headers(messages)
+        if self._state is ChannelState.ENDED:
+            raise ChannelEndedError(self.name)
+        if self._state is not ChannelState.CONNECTED or self._outbound is None:
+            raise ChannelStateError(self.name, "not connected (use send_to to send anyway)")
+        try:
+            return await self._outbound.push_encoded(messages, request_id=request_id)
+        except QueueNotFoundError:
+            raise ChannelEndedError(self.name, "the peer's queue is gone (ended)") from None
+
     async def send_to(
         self, role: str, message: Payload, *, headers: Mapping[str, str] | None = None
     ) -> int:
@@ -371,7 +388,7 @@ class Channel:
 
     # -- disconnecting and ending --------------------------------------------------------
 
-    async def disconnect(self) -> None:
+    async def disconnect(self, *, release_unacked: bool = False) -> None:
         """Tell the peer, stop receiving and detach both queues; messages keep coming
         into this end's queue and wait for the next ``connect``/``listen``.
 
@@ -379,11 +396,14 @@ class Channel:
         (it drains them, then ends) or go through the handler first; at-least-once
         ones not yet handed out are given back for prompt redelivery, and a handler
         still running is cancelled (its delivery given back too). Handed-out
-        deliveries not acked come back after the visibility timeout.
+        deliveries not acked come back after the visibility timeout, or at once with
+        ``release_unacked`` (for an end whose reader is gone, e.g. a closed gRPC
+        stream).
         """
         async with self._lock:
             if self._state is not ChannelState.CONNECTED:
                 return
+            consumer = self._consumer
             if self._outbound is not None:
                 try:
                     await self._outbound.push(b"", headers={CONTROL_HEADER: "disconnect"})
@@ -393,6 +413,11 @@ class Channel:
             await self._teardown()
             if self._ended():
                 return  # the peer's ``end`` came in while this end drained
+            if release_unacked and consumer is not None and consumer.mode is Mode.AT_LEAST_ONCE:
+                try:
+                    await consumer.release_pending()
+                except BusError as exc:
+                    log.info("channel %s: could not release deliveries: %s", self.name, exc)
         self._emit("disconnected", reason="local")
 
     async def end(self) -> None:
@@ -553,6 +578,36 @@ class _Inbox:
     def close(self) -> None:
         self._closed = True
         self._update()
+
+
+async def send_encoded_to_role(
+    bus: Bus,
+    channel: str,
+    role: str,
+    messages: Sequence[EncodedMessage],
+    *,
+    request_id: str | None = None,
+    ttl: float | None = None,
+) -> PushResult:
+    """Push encoded messages to the queue of ``role`` of ``channel`` without an end of the
+    channel in hand (what :meth:`Channel.send_to` does for one message). The queue is
+    created if needed, so the messages wait for an end of that role (until ``ttl`` runs
+    out with no end attached)."""
+    validate_name(channel)
+    validate_role(role)
+    _check_encoded_headers(messages)
+    queue = Queue(bus, channel_queue_name(channel, role))
+    await queue.attach(ttl=ttl)
+    try:
+        return await queue.push_encoded(messages, request_id=request_id)
+    finally:
+        await queue.detach()
+
+
+def _check_encoded_headers(messages: Sequence[EncodedMessage]) -> None:
+    for message in messages:
+        if message.headers:
+            _check_headers(json.loads(message.headers))
 
 
 def _check_headers(headers: Mapping[str, str] | None) -> None:

@@ -233,6 +233,13 @@ class Persistable(Mapping[str, Any]):
         )
         self.events.emit(Event("persisting", self.name, details={"ttl": self.ttl}))
 
+    async def touch(self) -> bool:
+        """Set the expiry to ``ttl`` from now, once, without writing fields (what
+        ``persist()`` does every third of the ttl); returns whether the object exists
+        (a missing object is not created)."""
+        ttl_ms = _ms(self.ttl)
+        return bool(await self._run(lambda c: c.pexpire(self._key, ttl_ms)))
+
     async def unpersist(self) -> None:
         """Stop renewing: the object expires ``ttl`` seconds from now (unless it is
         saved or persisted again)."""

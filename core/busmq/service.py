@@ -101,7 +101,7 @@ class Request:
 
 Handler = Callable[[Request], Awaitable[Any] | AsyncIterator[Any]]
 """A coroutine function returning the reply, or an async generator function yielding
-a streamed reply."""
+a streamed reply; a coroutine function may also return an async iterator to stream."""
 
 
 class Service:
@@ -351,10 +351,11 @@ class Service:
         """Handle requests until :meth:`stop_serving` or :meth:`close` (or cancellation).
 
         ``handler(request)`` is a coroutine function returning the reply, or an async
-        generator function yielding a streamed reply. Up to ``concurrency`` requests
-        are handled at once. A request is acked once its reply is sent; one whose
-        handler died is redelivered after ``visibility_timeout`` seconds. If the
-        handler raises, the requester gets a :class:`ServiceError`.
+        generator function yielding a streamed reply (a coroutine that returns an async
+        iterator streams it too). Up to ``concurrency`` requests are handled at once. A
+        request is acked once its reply is sent; one whose handler died is redelivered
+        after ``visibility_timeout`` seconds. If the handler raises, the requester gets
+        a :class:`ServiceError`.
         """
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {concurrency}")
@@ -427,6 +428,10 @@ class Service:
         because Redis failed (so the request is to be retried)."""
         try:
             result = handler(request)
+            if not isinstance(result, AsyncIterator):
+                # A coroutine may also return an async iterator: it decides per request
+                # whether to stream (the gateway's remote handlers do).
+                result = await result
             if isinstance(result, AsyncIterator):
                 try:
                     seq = 0
@@ -440,7 +445,7 @@ class Service:
                     if aclose is not None:
                         await aclose()
             else:
-                await reply.send("value", await result)
+                await reply.send("value", result)
         except _RequesterGone:
             log.debug("service %s: requester of %s is gone", self.name, reply.correlation_id)
         except _ReplyFailed as exc:
@@ -453,8 +458,14 @@ class Service:
         return True
 
     async def _send_error(self, reply: _Reply, exc: Exception) -> None:
+        # A handler that passes on a ServiceError (a proxy, a remote handler) passes on
+        # the original error's type and message.
+        if isinstance(exc, ServiceError):
+            error = {"type": exc.error_type, "message": exc.detail}
+        else:
+            error = {"type": type(exc).__name__, "message": str(exc)}
         try:
-            await reply.send("error", {"type": type(exc).__name__, "message": str(exc)})
+            await reply.send("error", error)
         except (_ReplyFailed, _RequesterGone) as failure:
             log.info("service %s: could not send the error reply: %s", self.name, failure)
 

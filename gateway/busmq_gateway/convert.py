@@ -3,19 +3,31 @@
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Sequence
+from typing import Any
 
 from google.protobuf import duration_pb2, timestamp_pb2
 
-from busmq.message import Delivery, EncodedMessage, PayloadKind
+from busmq import MessageTooLargeError, Mode
+from busmq.message import Delivery, EncodedMessage, Message, Payload, PayloadKind, encode
 from busmq.v1 import types_pb2
 
 from .errors import RequestError
+
+MAX_BATCH = 10_000
 
 _KIND_FROM_PROTO = {
     types_pb2.PAYLOAD_KIND_UNSPECIFIED: PayloadKind.BYTES,
     types_pb2.PAYLOAD_KIND_BYTES: PayloadKind.BYTES,
     types_pb2.PAYLOAD_KIND_TEXT: PayloadKind.TEXT,
     types_pb2.PAYLOAD_KIND_JSON: PayloadKind.JSON,
+}
+_MODES = {
+    types_pb2.CONSUME_MODE_UNSPECIFIED: Mode.AT_MOST_ONCE,
+    types_pb2.CONSUME_MODE_AT_MOST_ONCE: Mode.AT_MOST_ONCE,
+    types_pb2.CONSUME_MODE_AT_LEAST_ONCE: Mode.AT_LEAST_ONCE,
+    types_pb2.CONSUME_MODE_REPLAY: Mode.REPLAY,
 }
 _KIND_TO_PROTO = {
     PayloadKind.BYTES: types_pb2.PAYLOAD_KIND_BYTES,
@@ -24,11 +36,21 @@ _KIND_TO_PROTO = {
 }
 
 
-def outgoing_to_core(message: types_pb2.OutgoingMessage, index: int) -> EncodedMessage:
-    """Validate an outgoing message and encode it for the core (no re-encoding of JSON)."""
+def consume_mode(value: types_pb2.ConsumeMode) -> Mode:
+    mode = _MODES.get(value)
+    if mode is None:
+        raise RequestError(f"unknown consume mode {value}")
+    return mode
+
+
+def outgoing_to_core(message: types_pb2.OutgoingMessage, index: int | str) -> EncodedMessage:
+    """Validate an outgoing message and encode it for the core (no re-encoding of JSON).
+
+    ``index`` is its position in ``messages``, or the name of the field holding it."""
+    where = f"messages[{index}]" if isinstance(index, int) else index
     kind = _KIND_FROM_PROTO.get(message.kind)
     if kind is None:
-        raise RequestError(f"messages[{index}]: unknown payload kind {message.kind}")
+        raise RequestError(f"{where}: unknown payload kind {message.kind}")
     payload = bytes(message.payload)
     if kind is not PayloadKind.BYTES:
         try:
@@ -37,31 +59,98 @@ def outgoing_to_core(message: types_pb2.OutgoingMessage, index: int) -> EncodedM
                 json.loads(text)
         except (UnicodeDecodeError, ValueError) as exc:
             raise RequestError(
-                f"messages[{index}]: payload is not valid {kind.name.lower()}: {exc}",
+                f"{where}: payload is not valid {kind.name.lower()}: {exc}",
                 reason="INVALID_MESSAGE",
             ) from None
     headers = b""
     if message.headers:
         if any(not key for key in message.headers):
-            raise RequestError(f"messages[{index}]: header names must not be empty")
+            raise RequestError(f"{where}: header names must not be empty")
         headers = json.dumps(dict(message.headers), separators=(",", ":")).encode()
     return EncodedMessage(payload, kind, headers)
 
 
-def delivery_to_proto(delivery: Delivery) -> types_pb2.Delivery:
-    message = delivery.message
+def outgoing_batch(
+    messages: Sequence[types_pb2.OutgoingMessage], limit: int
+) -> list[EncodedMessage]:
+    """Validate and encode a batch to push: 1 to ``MAX_BATCH`` messages of at most
+    ``limit`` bytes each."""
+    if not messages:
+        raise RequestError("messages must not be empty")
+    if len(messages) > MAX_BATCH:
+        raise RequestError(f"at most {MAX_BATCH} messages per push")
+    encoded = [outgoing_to_core(m, i) for i, m in enumerate(messages)]
+    for message in encoded:
+        if message.size > limit:
+            raise MessageTooLargeError(message.size, limit)
+    return encoded
+
+
+def outgoing_to_value(
+    message: types_pb2.OutgoingMessage, field_name: str
+) -> tuple[Payload, dict[str, str]]:
+    """A validated outgoing message as the core's value (bytes, str or JSON) and headers."""
+    encoded = outgoing_to_core(message, field_name)
+    value: Payload = Message(0, encoded.payload, encoded.kind).data
+    return value, dict(message.headers)
+
+
+def payload_to_value(payload: bytes, kind: types_pb2.PayloadKind, field_name: str) -> Any:
+    """A validated payload (without headers) as the core's value."""
+    message = types_pb2.OutgoingMessage(payload=payload, kind=kind)
+    return outgoing_to_value(message, field_name)[0]
+
+
+def value_to_payload(value: Any) -> tuple[bytes, types_pb2.PayloadKind]:
+    """A core value (bytes, str or a JSON value) as payload bytes and kind.
+
+    Raises:
+        InvalidMessageError: the value is none of those (e.g. a list holding bytes).
+    """
+    encoded = encode(value, None, sys.maxsize)
+    return encoded.payload, _KIND_TO_PROTO[encoded.kind]
+
+
+def message_to_proto(message: Message, headers: dict[str, str] | None = None) -> types_pb2.Message:
     push_time = timestamp_pb2.Timestamp()
     push_time.FromMilliseconds(message.timestamp_ms)
-    return types_pb2.Delivery(
-        message=types_pb2.Message(
-            id=message.id,
-            payload=message.payload,
-            kind=_KIND_TO_PROTO[message.kind],
-            headers=dict(message.headers),
-            push_time=push_time,
-        ),
-        delivery_count=delivery.delivery_count,
+    return types_pb2.Message(
+        id=message.id,
+        payload=message.payload,
+        kind=_KIND_TO_PROTO[message.kind],
+        headers=dict(message.headers) if headers is None else headers,
+        push_time=push_time,
     )
+
+
+def delivery_to_proto(delivery: Delivery) -> types_pb2.Delivery:
+    return types_pb2.Delivery(
+        message=message_to_proto(delivery.message), delivery_count=delivery.delivery_count
+    )
+
+
+def json_fields(fields: dict[str, str]) -> dict[str, Any]:
+    """Field names to the values of their JSON texts."""
+    values: dict[str, Any] = {}
+    for name, text in fields.items():
+        try:
+            values[name] = json.loads(text)
+        except ValueError as exc:
+            raise RequestError(
+                f"field {name!r}: not valid JSON: {exc}", reason="INVALID_MESSAGE"
+            ) from None
+    return values
+
+
+def optional_seconds(message: Any, field_name: str, default: float | None = None) -> float | None:
+    """The duration field ``field_name`` of ``message`` in seconds (``default`` if unset);
+    it must be positive when set."""
+    if not message.HasField(field_name):
+        return default
+    value = seconds(getattr(message, field_name), field_name)
+    if value <= 0:
+        raise RequestError(f"{field_name} must be positive")
+    return value
 
 
 def seconds(duration: duration_pb2.Duration, field_name: str) -> float:

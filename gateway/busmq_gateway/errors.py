@@ -3,6 +3,11 @@
 Servicers run their core calls inside :func:`rpc_errors`; anything not in the table is
 logged and reported as ``INTERNAL`` with a generic message, so nothing about the
 server leaks and the server keeps serving.
+
+A request whose handler raised (``ServiceError``) is ``ABORTED``: the call reached a
+handler and failed there, which a client must tell apart from its own mistakes
+(``INVALID_ARGUMENT``) and from a channel in the wrong state (``FAILED_PRECONDITION``);
+the handler's exception class is in the ``ErrorInfo`` metadata (``error_type``).
 """
 
 from __future__ import annotations
@@ -37,6 +42,10 @@ TABLE: tuple[tuple[type[BaseException], grpc.StatusCode, str], ...] = (
     (core.NotAttachedError, grpc.StatusCode.FAILED_PRECONDITION, "NOT_ATTACHED"),
     (core.ModeConflictError, grpc.StatusCode.FAILED_PRECONDITION, "MODE_CONFLICT"),
     (core.UnknownMessageError, grpc.StatusCode.FAILED_PRECONDITION, "NOT_PENDING"),
+    (core.ChannelEndedError, grpc.StatusCode.FAILED_PRECONDITION, "CHANNEL_ENDED"),
+    (core.ChannelStateError, grpc.StatusCode.FAILED_PRECONDITION, "CHANNEL_STATE"),
+    (core.ServiceError, grpc.StatusCode.ABORTED, "HANDLER_FAILED"),
+    (core.RequestTimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED, "REQUEST_TIMEOUT"),
     (core.BusTimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED, "REDIS_TIMEOUT"),
     (core.BusUnavailableError, grpc.StatusCode.UNAVAILABLE, "REDIS_UNAVAILABLE"),
     (core.BusClosedError, grpc.StatusCode.UNAVAILABLE, "SHUTTING_DOWN"),
@@ -73,9 +82,21 @@ def classify(exc: BaseException) -> tuple[grpc.StatusCode, str, str]:
     return grpc.StatusCode.INTERNAL, "INTERNAL", "internal error"
 
 
+def error_metadata(exc: BaseException) -> dict[str, str]:
+    """The ``ErrorInfo`` metadata of a core error: what it happened to."""
+    if isinstance(exc, core.ServiceError):
+        return {"service": exc.service, "error_type": exc.error_type}
+    if isinstance(exc, core.RequestTimeoutError):
+        return {"service": exc.service, "timeout": f"{exc.timeout:g}s"}
+    if isinstance(exc, core.ChannelStateError):
+        return {"channel": exc.channel}
+    return {}
+
+
 def to_status(exc: BaseException, metadata: dict[str, str] | None = None) -> grpc.Status:
     code, reason, message = classify(exc)
-    info = error_details_pb2.ErrorInfo(reason=reason, domain=DOMAIN, metadata=metadata or {})
+    details = {**error_metadata(exc), **(metadata or {})}
+    info = error_details_pb2.ErrorInfo(reason=reason, domain=DOMAIN, metadata=details)
     detail = any_pb2.Any()
     detail.Pack(info)
     status = status_pb2.Status(code=getattr(code_pb2, code.name), message=message, details=[detail])

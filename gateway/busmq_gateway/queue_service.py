@@ -16,7 +16,6 @@ from busmq import (
     BusError,
     Consumer,
     Delivery,
-    MessageTooLargeError,
     Mode,
     Retention,
     UnknownMessageError,
@@ -27,18 +26,10 @@ from busmq.v1 import types_pb2
 
 from .attachments import Attachments
 from .config import GatewaySettings
-from .convert import delivery_to_proto, duration, outgoing_to_core, seconds
+from .convert import consume_mode, delivery_to_proto, duration, outgoing_batch, seconds
 from .errors import NotFound, RequestError, rpc_errors, to_status, unary
 
 log = logging.getLogger(__name__)
-
-_MODES = {
-    types_pb2.CONSUME_MODE_UNSPECIFIED: Mode.AT_MOST_ONCE,
-    types_pb2.CONSUME_MODE_AT_MOST_ONCE: Mode.AT_MOST_ONCE,
-    types_pb2.CONSUME_MODE_AT_LEAST_ONCE: Mode.AT_LEAST_ONCE,
-    types_pb2.CONSUME_MODE_REPLAY: Mode.REPLAY,
-}
-MAX_BATCH = 10_000
 
 
 class QueueService(pb_grpc.QueueServiceServicer):
@@ -98,15 +89,7 @@ class QueueService(pb_grpc.QueueServiceServicer):
     async def Push(
         self, request: pb.PushRequest, context: grpc.aio.ServicerContext
     ) -> pb.PushResponse:
-        if not request.messages:
-            raise RequestError("messages must not be empty")
-        if len(request.messages) > MAX_BATCH:
-            raise RequestError(f"at most {MAX_BATCH} messages per push")
-        encoded = [outgoing_to_core(m, i) for i, m in enumerate(request.messages)]
-        limit = self._bus.settings.max_message_bytes
-        for message in encoded:
-            if message.size > limit:
-                raise MessageTooLargeError(message.size, limit)
+        encoded = outgoing_batch(request.messages, self._bus.settings.max_message_bytes)
         queue = self._bus.queue(request.queue)
         result = await queue.push_encoded(encoded, request_id=request.request_id or None)
         return pb.PushResponse(ids=result.ids, duplicate=result.duplicate)
@@ -133,9 +116,7 @@ class QueueService(pb_grpc.QueueServiceServicer):
                 self.no_streams.set()
 
     def _consumer_for(self, request: pb.ConsumeRequest) -> Consumer:
-        mode = _MODES.get(request.mode)
-        if mode is None:
-            raise RequestError(f"unknown consume mode {request.mode}")
+        mode = consume_mode(request.mode)
         prefetch = request.prefetch or self._settings.default_prefetch
         if prefetch > self._settings.max_prefetch:
             raise RequestError(f"prefetch must be at most {self._settings.max_prefetch}")

@@ -5,22 +5,50 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from typing import Protocol
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from busmq import Bus, BusState, Event
-from busmq.v1 import queue_service_pb2, queue_service_pb2_grpc
+from busmq.v1 import (
+    channel_service_pb2,
+    channel_service_pb2_grpc,
+    persistable_service_pb2,
+    persistable_service_pb2_grpc,
+    queue_service_pb2,
+    queue_service_pb2_grpc,
+    request_service_pb2,
+    request_service_pb2_grpc,
+)
 
 from .attachments import Attachments
 from .auth import SecretAuthInterceptor
+from .channel_service import ChannelService
 from .config import GatewaySettings
+from .persistable_service import PersistableService
 from .queue_service import QueueService
+from .request_service import RequestService
 
 log = logging.getLogger(__name__)
 
-SERVICES = (queue_service_pb2.DESCRIPTOR.services_by_name["QueueService"].full_name,)
+SERVICES = (
+    queue_service_pb2.DESCRIPTOR.services_by_name["QueueService"].full_name,
+    channel_service_pb2.DESCRIPTOR.services_by_name["ChannelService"].full_name,
+    persistable_service_pb2.DESCRIPTOR.services_by_name["PersistableService"].full_name,
+    request_service_pb2.DESCRIPTOR.services_by_name["RequestService"].full_name,
+)
+
+
+class _Streams(Protocol):
+    """What the drain needs of a servicer's streams."""
+
+    @property
+    def active_streams(self) -> int: ...
+
+    @property
+    def no_streams(self) -> asyncio.Event: ...
 
 
 class Gateway:
@@ -36,6 +64,14 @@ class Gateway:
         self._attachments = Attachments(self.bus)
         self._health = health.aio.HealthServicer()
         self.queues = QueueService(self.bus, settings, self._attachments, self._draining)
+        self.channels = ChannelService(self.bus, settings, self._draining)
+        self.persistables = PersistableService(self.bus)
+        self.requests = RequestService(self.bus, settings, self._draining)
+        self._streams: tuple[_Streams, ...] = (
+            self.queues,
+            self.channels.streams,
+            self.requests.streams,
+        )
         self.server: grpc.aio.Server | None = None
 
     def _options(self) -> list[tuple[str, int]]:
@@ -63,6 +99,15 @@ class Gateway:
         self.bus.events.on(self._on_bus_event)
         queue_service_pb2_grpc.add_QueueServiceServicer_to_server(  # type: ignore[no-untyped-call]
             self.queues, self.server
+        )
+        channel_service_pb2_grpc.add_ChannelServiceServicer_to_server(  # type: ignore[no-untyped-call]
+            self.channels, self.server
+        )
+        persistable_service_pb2_grpc.add_PersistableServiceServicer_to_server(  # type: ignore[no-untyped-call]
+            self.persistables, self.server
+        )
+        request_service_pb2_grpc.add_RequestServiceServicer_to_server(  # type: ignore[no-untyped-call]
+            self.requests, self.server
         )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self.server)
         reflection.enable_server_reflection(
@@ -101,22 +146,29 @@ class Gateway:
     async def stop(self) -> None:
         """Drain: end every stream cleanly (at-least-once deliveries in flight are given
         back for redelivery), let unary calls finish within the grace period, close."""
-        log.info("draining %d stream(s)", self.queues.active_streams)
+        log.info("draining %d stream(s)", self.active_streams)
         self._draining.set()
         await self._set_health(False)
         # Streams end first while unary calls are still served, so clients can ack what
         # they were sent; then the listener closes and running calls get the rest.
         half = self.settings.grace_seconds / 2
         try:
-            await asyncio.wait_for(self.queues.no_streams.wait(), half)
+            await asyncio.wait_for(
+                asyncio.gather(*(s.no_streams.wait() for s in self._streams)), half
+            )
         except TimeoutError:
-            log.warning("%d stream(s) still open after %.1fs", self.queues.active_streams, half)
+            log.warning("%d stream(s) still open after %.1fs", self.active_streams, half)
         if self.server is not None:
             await self.server.stop(half)
+        await self.requests.close()
         await self._attachments.close()
         if self._own_bus:
             await self.bus.close()
         log.info("gateway stopped")
+
+    @property
+    def active_streams(self) -> int:
+        return sum(s.active_streams for s in self._streams)
 
     async def _set_health(self, serving: bool) -> None:
         status = (
