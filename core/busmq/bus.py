@@ -7,7 +7,7 @@ import enum
 import logging
 import uuid
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis.asyncio as aioredis
 
@@ -23,6 +23,9 @@ from .service import Service
 from .settings import BusSettings
 from .shard import Shard, ShardState
 from .sharding import rank
+
+if TYPE_CHECKING:
+    from .federation import FederatedQueue, FederationManager, FederationSettings
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +66,7 @@ class Bus:
         self._renewer: asyncio.Task[None] | None = None
         self._state = BusState.CREATED
         self.events.on(self._track_state)
+        self._federation: FederationManager | None = None
 
     def __repr__(self) -> str:
         return f"<Bus {self.client_id} {self.state.value} shards={[s.label for s in self.shards]}>"
@@ -107,6 +111,8 @@ class Bus:
         """Detach every queue, stop the shards and the embedded Redis."""
         if self._state is BusState.CLOSED:
             return
+        if self._federation is not None:
+            await self._federation.close()
         if self._renewer is not None:
             self._renewer.cancel()
             await asyncio.gather(self._renewer, return_exceptions=True)
@@ -156,6 +162,30 @@ class Bus:
         """Request/reply service ``name`` (see :class:`~busmq.service.Service`)."""
         self._require_open()
         return Service(self, name, **options)
+
+    def configure_federation(self, settings: FederationSettings) -> FederationManager:
+        """Set up federation (see :mod:`busmq.federation`): open links to every target
+        and the outbox, and start forwarding what an earlier run left in it. Call from
+        a running event loop, once, before :meth:`federate`."""
+        from .federation import FederationManager
+
+        self._require_open()
+        if self._federation is not None:
+            raise BusError("federation is already configured")
+        self._federation = FederationManager(self, settings)
+        return self._federation
+
+    def federate(self, obj: Queue | str, target: str, **kw: Any) -> FederatedQueue:
+        """Use ``obj`` (a queue or queue name) living behind the gateway at ``target``
+        (``https://host:port``): a :class:`~busmq.federation.FederatedQueue` with the
+        queue API. ``kw`` configures a target that is not in the federation settings
+        (``secret=``, ``root_ca_file=``, ...); with no settings, defaults are used."""
+        from .federation import FederationManager, FederationSettings
+
+        self._require_open()
+        if self._federation is None:
+            self._federation = FederationManager(self, FederationSettings())
+        return self._federation.federate(obj, target, **kw)
 
     def _require_open(self) -> None:
         if self._state is BusState.CLOSED:

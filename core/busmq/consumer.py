@@ -37,7 +37,7 @@ from .errors import (
 )
 from .events import Event
 from .keys import CONSUMER_GROUP
-from .message import Delivery, decode_entry, int_to_stream_id
+from .message import Delivery, decode_entry, decode_raw, int_to_stream_id, stream_entries
 
 if TYPE_CHECKING:
     from .queue import Queue
@@ -329,7 +329,9 @@ class Consumer:
                 if batch:
                     self._fetched += len(batch)
                     await self._buffer.put(batch)
-                else:
+                if len(batch) < count:
+                    # Drained: wait for a wake-up rather than make the empty read that
+                    # would follow (a push during the read set ``wake`` already).
                     await _wait(wake, self._idle_seconds)
             if self._to_delete:  # the last at-most-once batch: nothing follows to carry it
                 await self._delete_read(self._to_delete)
@@ -392,15 +394,15 @@ class Consumer:
             return results[-1]
 
         reply = await self.queue._run(read, idempotent=True)
-        entries: list[tuple[bytes, dict[bytes, bytes]]] = reply[0][1] if reply else []
+        entries = stream_entries(reply)
         if self.mode is Mode.AT_MOST_ONCE:
-            self._to_delete = [entry_id for entry_id, _ in entries]
+            self._to_delete = [entry[0] for entry in entries]
         if not entries:
             return []
         if self.mode is Mode.REPLAY:
             last = entries[-1][0]
             self._cursor = last.decode() if isinstance(last, bytes) else last
-        return [Delivery(decode_entry(eid, fields), 1, settle) for eid, fields in entries]
+        return [Delivery(decode_raw(eid, fields), 1, settle) for eid, fields in entries]
 
     async def _claim(self, count: int) -> list[Delivery]:
         stream = self.queue._keys.stream

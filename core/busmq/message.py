@@ -8,9 +8,10 @@ are never pickled.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from types import MappingProxyType
 from typing import Any
 
 from .errors import InvalidMessageError, MessageTooLargeError
@@ -84,7 +85,7 @@ def _encode_headers(headers: Mapping[str, str]) -> bytes:
     return json.dumps(dict(headers), separators=(",", ":")).encode("utf-8")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Message:
     """A message as stored in a queue.
 
@@ -118,10 +119,42 @@ def decode_entry(entry_id: bytes, fields: Mapping[bytes, bytes]) -> Message:
     return Message(
         id=stream_id_to_int(entry_id),
         payload=fields.get(F_PAYLOAD, b""),
-        kind=PayloadKind(fields.get(F_KIND, b"b")),
-        headers=json.loads(raw_headers) if raw_headers else {},
+        kind=_KINDS[fields.get(F_KIND, b"b")],
+        headers=json.loads(raw_headers) if raw_headers else _NO_HEADERS,
         timestamp_ms=int(fields.get(F_TIME, b"0")),
     )
+
+
+_KINDS = {kind.value: kind for kind in PayloadKind}
+_NO_HEADERS: Mapping[str, str] = MappingProxyType({})
+
+
+def decode_raw(entry_id: bytes, flat: Sequence[bytes]) -> Message:
+    """Build a :class:`Message` from a raw stream entry: its id and the flat field list.
+
+    push.lua writes the fields in the order p, k, t[, h]; that common shape is decoded
+    by position, anything else through :func:`decode_entry`.
+    """
+    if len(flat) == 6 and flat[0] == F_PAYLOAD and flat[2] == F_KIND and flat[4] == F_TIME:
+        return Message(
+            int(entry_id[:-2]) if entry_id[-2:] == b"-0" else stream_id_to_int(entry_id),
+            flat[1],
+            _KINDS[flat[3]],
+            _NO_HEADERS,
+            int(flat[5]),
+        )
+    return decode_entry(entry_id, dict(zip(flat[::2], flat[1::2], strict=True)))
+
+
+def stream_entries(reply: Any) -> list[Any]:
+    """The entries of a raw XREAD/XREADGROUP reply on one stream (RESP2 or RESP3 shape)."""
+    if not reply:
+        return []
+    if isinstance(reply, dict):
+        entries: list[Any] = next(iter(reply.values()))
+        return entries
+    first: list[Any] = reply[0][1]
+    return first
 
 
 def stream_id_to_int(entry_id: bytes | str) -> int:
@@ -135,7 +168,7 @@ def int_to_stream_id(message_id: int) -> str:
     return f"{message_id}-0"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Delivery:
     """A message handed to a consumer, with what the consumer needs to settle it.
 

@@ -20,7 +20,14 @@ from .errors import (
 )
 from .events import Event, EventHub
 from .keys import QueueKeys, validate_name
-from .message import EncodedMessage, Payload, encode, int_to_stream_id, stream_id_to_int
+from .message import (
+    EncodedMessage,
+    Payload,
+    PayloadKind,
+    encode,
+    int_to_stream_id,
+    stream_id_to_int,
+)
 
 if TYPE_CHECKING:
     from .bus import Bus
@@ -194,7 +201,9 @@ class Queue:
         make retries idempotent: a push with a ``request_id`` seen in the last
         ``BusSettings.dedupe_seconds`` stores nothing and returns the original id.
         """
-        ids = await self.push_batch([(value, headers)], request_id=request_id)
+        ids = await self.push_batch(
+            [value if headers is None else (value, headers)], request_id=request_id
+        )
         return ids[0]
 
     async def push_batch(
@@ -209,8 +218,18 @@ class Queue:
         :class:`~busmq.message.EncodedMessage`. Either all are stored or, on error, none.
         """
         limit = self._bus.settings.max_message_bytes
-        encoded = [_encode_item(item, limit) for item in items]
-        result = await self.push_encoded(encoded, request_id=request_id)
+        flat: list[bytes | str | int] = []
+        count = 0
+        for item in items:
+            if type(item) is bytes:  # the common case: no EncodedMessage per message
+                if len(item) > limit:
+                    raise MessageTooLargeError(len(item), limit)
+                flat += (item, _BYTES_KIND, b"")
+            else:
+                message = _encode_item(item, limit)
+                flat += (message.payload, message.kind.value, message.headers)
+            count += 1
+        result = await self._push_flat(flat, count, request_id)
         return result.ids
 
     async def push_encoded(
@@ -218,15 +237,22 @@ class Queue:
     ) -> PushResult:
         """Push already encoded messages (sizes are the caller's to check); see
         :meth:`push_batch`. Also tells whether ``request_id`` had been stored before."""
+        flat: list[bytes | str | int] = []
+        for message in encoded:
+            flat += (message.payload, message.kind.value, message.headers)
+        return await self._push_flat(flat, len(encoded), request_id)
+
+    async def _push_flat(
+        self, flat: list[bytes | str | int], count: int, request_id: str | None
+    ) -> PushResult:
         self._require_open()
-        if not encoded:
+        if not count:
             return PushResult([], False)
         args: list[bytes | str | int] = [
             _ms(self._bus.settings.dedupe_seconds),
             self._keys.notify_channel,
+            *flat,
         ]
-        for message in encoded:
-            args += (message.payload, message.kind.value, message.headers)
         keys = [self._keys.info, self._keys.stream]
         if request_id is not None:
             if not request_id or len(request_id) > 200:
@@ -239,8 +265,8 @@ class Queue:
         except RedisCommandError as exc:
             raise self._script_error(exc) from None
         if not duplicate:
-            self.pushed += len(encoded)
-        return PushResult(list(range(int(first), int(first) + len(encoded))), bool(duplicate))
+            self.pushed += count
+        return PushResult(list(range(int(first), int(first) + count)), bool(duplicate))
 
     # -- consuming ------------------------------------------------------------------
 
@@ -396,6 +422,9 @@ class Queue:
         if text.startswith("FULL"):
             return QueueFullError(self.name, int(text.split()[1]))
         return exc
+
+
+_BYTES_KIND = PayloadKind.BYTES.value
 
 
 def _ms(seconds: float) -> int:

@@ -13,9 +13,10 @@ import enum
 import logging
 import random
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+import hiredis
 import redis.asyncio as aioredis
 import redis.exceptions as rex
 from redis.asyncio.retry import Retry
@@ -36,6 +37,31 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 CONNECTION_ERRORS = (rex.ConnectionError, rex.TimeoutError, OSError)
+
+
+def _with_fast_packing(base: type[Any]) -> type[Any]:
+    """``base`` (a redis-py connection class) packing commands with hiredis, in C.
+
+    redis-py's async connections pack in Python, joining the buffer once per argument;
+    a 100-message push (300+ arguments) costs ~190 us that way and ~38 us in hiredis.
+    """
+
+    class FastPacking(base):  # type: ignore[misc]
+        def pack_command(self, *args: Any) -> list[bytes]:
+            first = args[0]
+            if (b" " if isinstance(first, bytes) else " ") in first:
+                args = (*first.split(), *args[1:])  # e.g. "SCRIPT LOAD"
+            try:
+                return [hiredis.pack_command(args)]
+            except TypeError:  # let redis-py raise its usual error for the odd type
+                return super().pack_command(*args)  # type: ignore[no-any-return]
+
+    FastPacking.__name__ = f"FastPacking{base.__name__}"
+    return FastPacking
+
+
+def _raw_reply(response: Any, **options: Any) -> Any:
+    return response
 
 
 class ShardState(enum.Enum):
@@ -71,10 +97,14 @@ class Shard:
             max_connections=settings.max_connections,
             timeout=None,
             retry=Retry(NoBackoff(), 0),
-            socket_timeout=settings.operation_timeout,
+            socket_timeout=None,  # every call is bounded by Shard.run's asyncio.timeout
             socket_connect_timeout=settings.operation_timeout,
         )
+        pool.connection_class = _with_fast_packing(pool.connection_class)
         self.client: aioredis.Redis = aioredis.Redis(connection_pool=pool)
+        # Stream reads are decoded by busmq (message.decode_raw), not redis-py's callbacks.
+        for command in ("XREAD", "XREADGROUP"):
+            self.client.set_response_callback(command, _raw_reply)
         self.notifier = Notifier(self.client, settings.reconnect_backoff_max)
         self.state = ShardState.CONNECTING
         self._online = asyncio.Event()

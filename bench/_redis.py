@@ -1,0 +1,114 @@
+"""A throwaway ``redis-server`` for benchmarks: free loopback port, temp dir, no persistence.
+
+Only ever talks to the server it started (never port 6379 or anything else).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def free_port() -> int:
+    """A loopback port that was free a moment ago (the kernel picks it: bind to port 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _ping(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+@dataclass
+class LocalRedis:
+    process: subprocess.Popen[bytes]
+    port: int
+    directory: Path
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def cpu_seconds(self) -> float:
+        """User+system CPU time the server has used so far (from /proc)."""
+        try:
+            fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        ticks = int(fields[11]) + int(fields[12])  # utime, stime
+        return ticks / _CLK_TCK
+
+
+try:
+    _CLK_TCK = os.sysconf("SC_CLK_TCK")
+except (ValueError, OSError, AttributeError):  # pragma: no cover
+    _CLK_TCK = 100
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds all cores of the machine spent not idle (from /proc/stat)."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    except OSError:
+        return 0.0
+    ticks = [int(f) for f in fields]
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+    return (sum(ticks[:8]) - idle) / _CLK_TCK
+
+
+@contextlib.contextmanager
+def local_redis(binary: str | None = None, timeout: float = 10.0) -> Iterator[LocalRedis]:
+    """Start ``redis-server`` on a free loopback port in a temp dir; kill it on exit."""
+    exe = binary or shutil.which("redis-server")
+    if exe is None:
+        raise RuntimeError("redis-server not found on PATH")
+    with tempfile.TemporaryDirectory(prefix="busmq-bench-") as tmp:
+        directory = Path(tmp)
+        port = free_port()
+        if port == 6379:  # never the default port, even by chance
+            port = free_port()
+        args = [
+            exe,
+            "--bind", "127.0.0.1",
+            "--port", str(port),
+            "--dir", str(directory),
+            "--save", "",
+            "--appendonly", "no",
+            "--daemonize", "no",
+            "--logfile", str(directory / "redis.log"),
+        ]  # fmt: skip
+        process = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=directory
+        )
+        try:
+            deadline = time.monotonic() + timeout
+            while not _ping(port):
+                if process.poll() is not None:
+                    log = (directory / "redis.log").read_text(errors="replace")[-2000:]
+                    raise RuntimeError(f"redis-server exited early: {log}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"redis-server on port {port} not ready")
+                time.sleep(0.02)
+            yield LocalRedis(process, port, directory)
+        finally:
+            if process.poll() is None:
+                process.kill()
+            process.wait()

@@ -1,0 +1,341 @@
+"""busmq gateway benchmark: the core workload through one gateway process, next to the
+same workload direct on the core, in one run.
+
+Workload: ``--queues`` queues (100), ``--size``-byte messages (32); producers push batches
+of ``--batch`` over unary ``Push`` calls and consumers read at-most-once over ``Consume``
+streams; each producer keeps at most ``--window`` messages in flight so consumed ==
+pushed is meaningful. Then a fixed-rate run (``--rate`` msg/s, single-message pushes)
+for end-to-end latency, and the gateway's RSS with ``--idle-streams`` idle streams open.
+
+The script starts its own ``redis-server`` (free loopback port) and its own gateway
+process, and stops both at the end.
+
+    .venv/bin/python bench/gateway_bench.py               # 20 s per run
+    .venv/bin/python bench/gateway_bench.py --seconds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import struct
+import sys
+import time
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import psutil
+
+from _redis import free_port, local_redis  # bench/ is sys.path[0]
+from busmq import Bus, BusSettings, Mode, Queue
+from busmq.v1 import queue_service_pb2 as pb
+from busmq.v1 import queue_service_pb2_grpc, types_pb2
+
+STAMP = struct.Struct("<q")
+SECRET = "bench-secret"
+AUTH = (("authorization", f"Bearer {SECRET}"),)
+TARGET_FLOOD = 25_000.0
+TARGET_P99_MS = 3.0
+
+
+@dataclass
+class Figures:
+    label: str
+    seconds: float = 0.0
+    pushed: int = 0
+    consumed: int = 0
+    p50_ms: float = float("nan")
+    p99_ms: float = float("nan")
+
+    @property
+    def pushed_per_s(self) -> float:
+        return self.pushed / self.seconds if self.seconds else 0.0
+
+    @property
+    def consumed_per_s(self) -> float:
+        return self.consumed / self.seconds if self.seconds else 0.0
+
+
+class Lanes:
+    """Per-queue flow window: a producer waits while its queue has too much in flight."""
+
+    def __init__(self, queues: int, window: int) -> None:
+        self.sent = [0] * queues
+        self.consumed = [0] * queues
+        self.window = window
+        self.rooms = [asyncio.Event() for _ in range(queues)]
+        self.latencies = array("q")
+        self.recording = False
+        self.running = True
+
+    async def wait_room(self, lane: int, count: int) -> None:
+        while self.running and self.sent[lane] - self.consumed[lane] + count > self.window:
+            self.rooms[lane].clear()
+            await self.rooms[lane].wait()
+
+    def take(self, lane: int, payload: bytes) -> None:
+        if self.recording:
+            self.latencies.append(time.perf_counter_ns() - STAMP.unpack_from(payload)[0])
+        self.consumed[lane] += 1
+        if self.sent[lane] - self.consumed[lane] <= self.window // 2:
+            self.rooms[lane].set()
+
+    def stop(self) -> None:
+        self.running = False
+        for room in self.rooms:
+            room.set()
+
+
+def payloads(count: int, size: int) -> list[bytes]:
+    pad = bytes(max(0, size - STAMP.size))
+    now = time.perf_counter_ns()
+    return [STAMP.pack(now) + pad for _ in range(count)]
+
+
+def percentile(values: array[int], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1e6
+
+
+# -- the two transports ---------------------------------------------------------------
+
+
+class GatewayTransport:
+    def __init__(self, target: str) -> None:
+        self.channel = grpc.aio.insecure_channel(target)
+        self.stub = queue_service_pb2_grpc.QueueServiceStub(self.channel)
+
+    async def prepare(self, names: list[str]) -> None:
+        for name in names:
+            await self.stub.AttachQueue(pb.AttachQueueRequest(queue=name), metadata=AUTH)
+
+    async def push(self, name: str, batch: list[bytes]) -> None:
+        messages = [types_pb2.OutgoingMessage(payload=p) for p in batch]
+        await self.stub.Push(pb.PushRequest(queue=name, messages=messages), metadata=AUTH)
+
+    async def consume(self, name: str, on_message: Callable[[bytes], None]) -> None:
+        call = self.stub.Consume(pb.ConsumeRequest(queue=name, prefetch=200), metadata=AUTH)
+        try:
+            async for response in call:
+                if response.HasField("delivery"):
+                    on_message(response.delivery.message.payload)
+        except asyncio.CancelledError:
+            call.cancel()
+            raise
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+
+class CoreTransport:
+    def __init__(self, bus: Bus) -> None:
+        self.bus = bus
+        self.queues: dict[str, Queue] = {}
+
+    async def prepare(self, names: list[str]) -> None:
+        for name in names:
+            queue = self.bus.queue(name)
+            await queue.attach()
+            self.queues[name] = queue
+
+    async def push(self, name: str, batch: list[bytes]) -> None:
+        await self.queues[name].push_batch(batch)
+
+    async def consume(self, name: str, on_message: Callable[[bytes], None]) -> None:
+        async with self.queues[name].consume(Mode.AT_MOST_ONCE, prefetch=200) as consumer:
+            async for delivery in consumer:
+                on_message(delivery.message.payload)
+
+    async def close(self) -> None:
+        for queue in self.queues.values():
+            await queue.close()
+
+
+Transport = GatewayTransport | CoreTransport
+
+
+# -- runs ----------------------------------------------------------------------------
+
+
+async def flood(transport: Transport, label: str, args: argparse.Namespace, tag: str) -> Figures:
+    names = [f"{tag}-{i}" for i in range(args.queues)]
+    await transport.prepare(names)
+    lanes = Lanes(args.queues, args.window)
+
+    async def producer(lane: int) -> None:
+        while lanes.running:
+            await lanes.wait_room(lane, args.batch)
+            if not lanes.running:
+                return
+            lanes.sent[lane] += args.batch
+            await transport.push(names[lane], payloads(args.batch, args.size))
+
+    consumers = [
+        asyncio.create_task(transport.consume(n, lambda p, i=i: lanes.take(i, p)))
+        for i, n in enumerate(names)
+    ]
+    producers = [asyncio.create_task(producer(i)) for i in range(args.queues)]
+    await asyncio.sleep(args.warmup)
+    start_consumed, start_sent = sum(lanes.consumed), sum(lanes.sent)
+    lanes.recording = True
+    started = time.perf_counter()
+    await asyncio.sleep(args.seconds)
+    elapsed = time.perf_counter() - started
+    figures = Figures(
+        label,
+        elapsed,
+        pushed=sum(lanes.sent) - start_sent,
+        consumed=sum(lanes.consumed) - start_consumed,
+        p50_ms=percentile(lanes.latencies, 0.5),
+        p99_ms=percentile(lanes.latencies, 0.99),
+    )
+    lanes.stop()
+    await _cancel(producers + consumers)
+    return figures
+
+
+async def fixed_rate(
+    transport: Transport, label: str, args: argparse.Namespace, tag: str
+) -> Figures:
+    names = [f"{tag}-{i}" for i in range(min(args.queues, 10))]
+    await transport.prepare(names)
+    lanes = Lanes(len(names), 10**9)
+    consumers = [
+        asyncio.create_task(transport.consume(n, lambda p, i=i: lanes.take(i, p)))
+        for i, n in enumerate(names)
+    ]
+    await asyncio.sleep(0.5)
+    interval = 1.0 / args.rate
+    sent = 0
+    lanes.recording = True
+    started = time.perf_counter()
+    inflight: set[asyncio.Task[None]] = set()
+    while (now := time.perf_counter()) - started < args.seconds:
+        due = started + sent * interval
+        if due > now:
+            await asyncio.sleep(due - now)
+        task = asyncio.create_task(transport.push(names[sent % len(names)], payloads(1, args.size)))
+        inflight.add(task)
+        task.add_done_callback(inflight.discard)
+        sent += 1
+    await asyncio.sleep(0.5)
+    figures = Figures(
+        label,
+        time.perf_counter() - started,
+        pushed=sent,
+        consumed=sum(lanes.consumed),
+        p50_ms=percentile(lanes.latencies, 0.5),
+        p99_ms=percentile(lanes.latencies, 0.99),
+    )
+    await _cancel(consumers)
+    return figures
+
+
+async def idle_streams_rss(target: str, pid: int, count: int) -> tuple[float, float]:
+    transport = GatewayTransport(target)
+    await transport.prepare(["idle"])
+    process = psutil.Process(pid)
+    before = process.memory_info().rss / 2**20
+    calls = [
+        transport.stub.Consume(pb.ConsumeRequest(queue="idle"), metadata=AUTH) for _ in range(count)
+    ]
+    iterators = [call.__aiter__() for call in calls]
+    await asyncio.gather(*(it.__anext__() for it in iterators))  # every stream "started"
+    await asyncio.sleep(1)
+    after = process.memory_info().rss / 2**20
+    for call in calls:
+        call.cancel()
+    await transport.close()
+    return before, after
+
+
+async def _cancel(tasks: list[asyncio.Task[Any]]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def start_gateway(redis_url: str) -> tuple[asyncio.subprocess.Process, str]:
+    port = free_port()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "busmq_gateway",
+        "--listen", f"127.0.0.1:{port}", "--secret", SECRET, "--redis-url", redis_url,
+        "--log-level", "warning",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    assert process.stdout is not None
+    while b"ready" not in await process.stdout.readline():
+        if process.returncode is not None:
+            raise RuntimeError("gateway did not start")
+    return process, f"127.0.0.1:{port}"
+
+
+def report(rows: list[Figures]) -> None:
+    print(f"\n{'run':<38}{'pushed/s':>12}{'consumed/s':>12}{'p50 ms':>9}{'p99 ms':>9}")
+    for row in rows:
+        print(
+            f"{row.label:<38}{row.pushed_per_s:>12,.0f}{row.consumed_per_s:>12,.0f}"
+            f"{row.p50_ms:>9.2f}{row.p99_ms:>9.2f}"
+        )
+
+
+async def main(args: argparse.Namespace) -> None:
+    with local_redis() as redis:
+        gateway, target = await start_gateway(redis.url)
+        try:
+            bus = Bus(BusSettings(redis_urls=(redis.url,)))
+            await bus.connect()
+            rows: list[Figures] = []
+            remote = GatewayTransport(target)
+            direct = CoreTransport(bus)
+            rows.append(await flood(remote, "flood via gateway (at-most-once)", args, "gw"))
+            rows.append(await flood(direct, "flood direct on core (at-most-once)", args, "core"))
+            rows.append(
+                await fixed_rate(remote, f"{args.rate:,.0f} msg/s via gateway", args, "gwr")
+            )
+            rows.append(
+                await fixed_rate(direct, f"{args.rate:,.0f} msg/s direct on core", args, "cr")
+            )
+            await remote.close()
+            await direct.close()
+            await bus.close()
+            before, after = await idle_streams_rss(target, gateway.pid, args.idle_streams)
+        finally:
+            gateway.send_signal(signal.SIGTERM)
+            await gateway.wait()
+    report(rows)
+    gw, core = rows[0], rows[1]
+    ratio = gw.consumed_per_s / core.consumed_per_s if core.consumed_per_s else float("nan")
+    print(f"\ngateway / direct core (consumed/s): {ratio:.2f}")
+    print(f"target: >= {TARGET_FLOOD:,.0f} msg/s via gateway -> {gw.consumed_per_s:,.0f}")
+    print(f"target: >= 50% of direct -> {ratio:.0%}")
+    print(f"target: p99 <= {TARGET_P99_MS} ms at {args.rate:,.0f} msg/s -> {rows[2].p99_ms:.2f} ms")
+    print(
+        f"gateway RSS: {before:.0f} MiB -> {after:.0f} MiB with {args.idle_streams} idle streams "
+        f"({(after - before) * 1024 / args.idle_streams:.1f} KiB per stream)"
+    )
+    print(f"cpus: {os.cpu_count()}")
+
+
+def parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument("--queues", type=int, default=100)
+    parser.add_argument("--size", type=int, default=32)
+    parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--window", type=int, default=1000)
+    parser.add_argument("--rate", type=float, default=1000.0)
+    parser.add_argument("--idle-streams", type=int, default=1000)
+    return parser.parse_args()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(parse()))

@@ -1,0 +1,54 @@
+"""Federation: use queues that live in another datacenter through its gRPC gateway.
+
+    from busmq.federation import FederationSettings, FederationTarget
+
+    bus.configure_federation(FederationSettings(targets=[
+        FederationTarget("https://gateway-a:8443", secret="...", root_ca_file=ca),
+    ]))
+    orders = bus.federate(bus.queue("orders"), "https://gateway-a:8443")
+    async with orders:                       # attach through the gateway
+        await orders.push({"order": 1})      # an id, or None if queued in the outbox
+        async with orders.consume(busmq.Mode.AT_LEAST_ONCE) as consumer:
+            async for delivery in consumer:  # resumes across network cuts
+                await delivery.ack()
+
+Modules: ``settings`` (targets, outbox bounds, backoff), ``link`` (pool of warm
+channels and link state per gateway), ``queue`` (:class:`FederatedQueue`),
+``consumer`` (resumable streams), ``outbox`` (durable SQLite outbox), ``forwarder``
+(drains it in order), ``errors`` (gRPC statuses back to busmq exceptions), ``manager``
+(all of it, per bus). Channels and persistables are to follow on the same links.
+"""
+
+from .consumer import FederatedConsumer
+from .errors import (
+    FederationUnauthorizedError,
+    InvalidRequestError,
+    OutboxFullError,
+    RemoteError,
+)
+from .link import Link, LinkState
+from .manager import FederationManager, QueueStatus, TargetStatus
+from .outbox import DeadLetter, Outbox, OutboxLockedError, OutboxRow
+from .queue import ConsumerLag, FederatedQueue
+from .settings import FederationSettings, FederationTarget
+
+__all__ = [
+    "ConsumerLag",
+    "DeadLetter",
+    "FederatedConsumer",
+    "FederatedQueue",
+    "FederationManager",
+    "FederationSettings",
+    "FederationTarget",
+    "FederationUnauthorizedError",
+    "InvalidRequestError",
+    "Link",
+    "LinkState",
+    "Outbox",
+    "OutboxFullError",
+    "OutboxLockedError",
+    "OutboxRow",
+    "QueueStatus",
+    "RemoteError",
+    "TargetStatus",
+]

@@ -1,0 +1,456 @@
+"""Federated consumers: a remote queue's ``Consume`` stream that survives link breaks.
+
+A :class:`FederatedConsumer` behaves like :class:`busmq.Consumer` (an async iterator of
+:class:`busmq.Delivery` and an async context manager, with ``ack``/``nack``), but reads
+a server-streaming ``Consume`` call. When the stream breaks (network cut, gateway
+restart or drain) it is reopened with backoff as soon as the link is usable again:
+
+* **at-least-once**: the stream is simply reopened. The gateway gives the broken
+  stream's unacked deliveries back at once (after a gateway crash: after the
+  visibility timeout), and they come again with a higher ``delivery_count``. Deliveries
+  that were buffered here but not yet handed out are dropped for that reason. Acks are
+  by id, so a delivery received on a stream that broke can still be acked.
+* **replay**: reopened with ``from_id`` = the last id received + 1: no duplicate, no
+  gap (unless retention trimmed the history in between).
+* **at-most-once**: reopened. Messages the gateway had already taken from Redis and
+  written to the broken stream, but that never arrived here, are lost; that is the
+  at-most-once contract (each message at most once, across any failure).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from ..consumer import LATEST, Mode
+from ..errors import (
+    BusClosedError,
+    BusError,
+    BusTimeoutError,
+    UnknownMessageError,
+)
+from ..events import Event
+from ..message import Delivery
+from ..v1 import queue_service_pb2 as pb
+from .backoff import Backoff
+from .convert import MODE_TO_PROTO, Settle, delivery, duration
+from .errors import FederationUnauthorizedError, error_reason
+from .link import LinkState
+
+if TYPE_CHECKING:
+    from .queue import FederatedQueue
+
+log = logging.getLogger(__name__)
+
+# Statuses after which a stream is reopened; anything else ends the consumer.
+_RESUMABLE = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.ABORTED,
+    }
+)
+
+
+@dataclass(frozen=True)
+class _End:
+    error: BaseException | None = None
+
+
+class _Broken(Exception):
+    """The stream could not be opened or broke in a way worth retrying."""
+
+    def __init__(self, error: BusError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class FederatedConsumer:
+    """A resumable consumer of a federated queue; see the module docstring.
+
+    Create with :meth:`FederatedQueue.consume`. ``name`` is the gateway's consumer id of
+    the current stream (it changes when the stream is reopened); ``reconnects`` counts
+    the reopenings.
+    """
+
+    def __init__(
+        self,
+        queue: FederatedQueue,
+        mode: Mode,
+        *,
+        max: int | None,
+        from_id: int,
+        prefetch: int,
+        visibility_timeout: float,
+    ) -> None:
+        if max is not None and max < 1:
+            raise ValueError(f"max must be at least 1, got {max}")
+        if prefetch < 1:  # the gateway enforces its own maximum (1000 by default)
+            raise ValueError(f"prefetch must be at least 1, got {prefetch}")
+        if visibility_timeout <= 0:
+            raise ValueError("visibility_timeout must be positive")
+        if from_id < LATEST:
+            raise ValueError(f"from_id must be a message id (>= 0) or LATEST, got {from_id}")
+        self.queue = queue
+        self.mode = mode
+        self.max = max
+        self.prefetch = prefetch
+        self.visibility_timeout = visibility_timeout
+        self.name = ""
+        self.delivered = 0
+        self.reconnects = 0
+        self._from_id = from_id
+        self._next_id = 0  # replay: the next id to ask for
+        self._received = 0
+        self._buffer: asyncio.Queue[Delivery | _End] = asyncio.Queue()
+        self._room = asyncio.Event()
+        self._room.set()
+        self._reader: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._finished = False
+        self._acks = _AckBatcher(queue.name, queue._ack_ids)
+
+    def __repr__(self) -> str:
+        return f"<FederatedConsumer {self.queue.name!r} {self.mode.value} {self.name or '-'}>"
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the stream (done by ``async with`` or iteration).
+
+        Refusals (unknown queue, mode conflict, bad arguments, wrong credentials) raise
+        here. If the link is down, the consumer starts anyway and opens its stream when
+        the link returns.
+        """
+        if self._reader is not None:
+            return
+        if self._stopping:
+            raise BusClosedError("consumer was stopped")
+        self.queue._require_open()
+        if self.mode is Mode.REPLAY:
+            if self._from_id == LATEST:
+                self._next_id = await self.queue.last_id() + 1
+            else:
+                self._next_id = max(self._from_id, 1)
+        call = None
+        try:
+            call = await self._open()
+        except _Broken as broken:
+            if isinstance(broken.error, FederationUnauthorizedError):
+                raise broken.error from None
+            self._report(broken.error)
+        self.queue._consumers.add(self)
+        self._reader = asyncio.create_task(
+            self._read_loop(call), name=f"busmq-federated-consumer {self.queue.name}"
+        )
+        details = {"mode": self.mode.value, "consumer": self.name}
+        self.queue.events.emit(Event("consuming", self.queue.name, details=details))
+
+    def stop(self) -> None:
+        """End the stream now; iteration ends after the deliveries already received
+        (at-least-once: those are dropped instead, the gateway redelivers them)."""
+        if self._stopping:
+            return
+        self._stopping = True
+        if self.mode is Mode.AT_LEAST_ONCE:
+            self._discard_buffered()
+        if self._reader is not None:
+            self._reader.cancel()
+
+    async def close(self) -> None:
+        """Stop at once. At-most-once deliveries received but not handed out are lost
+        (a ``dropped`` event counts them); at-least-once ones are redelivered."""
+        self.stop()
+        if self._reader is not None:
+            await asyncio.gather(self._reader, return_exceptions=True)
+        leftovers = self._discard_buffered()
+        self._finished = True
+        self._buffer.put_nowait(_End())  # wakes an iteration blocked in another task
+        await self._acks.drain()
+        if leftovers and self.mode is Mode.AT_MOST_ONCE:
+            self.queue.events.emit(Event("dropped", self.queue.name, details={"count": leftovers}))
+        if self in self.queue._consumers:
+            self.queue._consumers.discard(self)
+            details = {"consumer": self.name}
+            self.queue.events.emit(Event("stopped", self.queue.name, details=details))
+
+    async def __aenter__(self) -> FederatedConsumer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- iteration ------------------------------------------------------------------
+
+    def __aiter__(self) -> FederatedConsumer:
+        return self
+
+    async def __anext__(self) -> Delivery:
+        if self._finished:
+            raise StopAsyncIteration
+        if self._reader is None:
+            await self.start()
+        item = await self._buffer.get()
+        if isinstance(item, _End):
+            self._finished = True
+            if item.error is not None:
+                raise item.error
+            raise StopAsyncIteration
+        if self._buffer.qsize() < self.prefetch:
+            self._room.set()
+        self.delivered += 1
+        self.queue._note_delivered(item)
+        return item
+
+    async def run(self, handler: Callable[[Delivery], Awaitable[Any]]) -> None:
+        """Call ``handler`` for every delivery until stopped; at-least-once deliveries
+        are acked when it returns and nacked when it raises."""
+        async with self:
+            async for item in self:
+                try:
+                    await handler(item)
+                except Exception:
+                    log.exception("handler failed on %s #%d", self.queue.name, item.id)
+                    await item.nack()
+                else:
+                    await item.ack()
+
+    # -- acknowledgements -----------------------------------------------------------
+
+    async def ack(self, ids: Sequence[int]) -> int:
+        """Acknowledge deliveries by id; see :meth:`FederatedQueue.ack`."""
+        return await self.queue.ack(*ids)
+
+    async def ack_upto(self, message_id: int) -> int:
+        """Acknowledge this consumer's pending deliveries up to ``message_id`` on the
+        current stream (those of a stream that broke were given back already)."""
+        self._require_acks()
+        request = pb.AckRequest(queue=self.queue.name, up_to_id=message_id, consumer_id=self.name)
+        response = await self.queue._call("Ack", request)
+        return int(response.acked)
+
+    async def nack(self, ids: Sequence[int]) -> None:
+        """Give deliveries of the current stream back for prompt redelivery."""
+        self._require_acks()
+        await self._nack(self.name, ids)
+
+    async def _nack(self, consumer_id: str, ids: Sequence[int]) -> None:
+        request = pb.NackRequest(queue=self.queue.name, consumer_id=consumer_id, ids=list(ids))
+        try:
+            await self.queue._call("Nack", request, raw=True)
+        except grpc.aio.AioRpcError as exc:
+            # The stream that received them ended: the gateway has given them back.
+            if error_reason(exc) == "CONSUMER_NOT_FOUND":
+                return
+            raise self.queue._error(exc) from None
+
+    def _require_acks(self) -> None:
+        if self.mode is not Mode.AT_LEAST_ONCE:
+            raise BusError(f"acks apply to at-least-once consumers, not {self.mode.value}")
+
+    def _settler(self, consumer_id: str) -> Settle:
+        async def settle(message_id: int, ack: bool) -> None:
+            if ack:
+                await self._acks.ack(message_id)
+            else:
+                await self._nack(consumer_id, [message_id])
+
+        return settle
+
+    # -- the stream -----------------------------------------------------------------
+
+    def _request(self) -> pb.ConsumeRequest:
+        request = pb.ConsumeRequest(
+            queue=self.queue.name,
+            mode=MODE_TO_PROTO[self.mode],
+            prefetch=self.prefetch,
+            visibility_timeout=duration(self.visibility_timeout),
+        )
+        if self.max is not None:
+            request.max = self.max - self._received
+        if self.mode is Mode.REPLAY:
+            request.from_id = self._next_id
+        return request
+
+    async def _open(self) -> Any:
+        """Open a stream and wait for its ``started`` event; returns the call.
+
+        Raises the mapped error for refusals, :class:`_Broken` for what is retried."""
+        link = self.queue.link
+        call = link.stub().Consume(self._request(), metadata=link.metadata, wait_for_ready=True)
+        try:
+            async with asyncio.timeout(link.settings.connect_timeout):
+                first = await call.read()
+        except TimeoutError:
+            call.cancel()
+            raise _Broken(BusTimeoutError("opening the stream timed out", link.url)) from None
+        except grpc.aio.AioRpcError as exc:
+            raise self._classify(exc) from None
+        except BaseException:
+            call.cancel()
+            raise
+        if first is grpc.aio.EOF:
+            raise _Broken(BusError("the stream ended before it started"))
+        if first.WhichOneof("event") == "started":
+            self.name = first.started.consumer_id
+        return call
+
+    def _classify(self, exc: grpc.aio.AioRpcError) -> Exception:
+        """``_Broken`` for a status worth reopening after, the mapped error otherwise."""
+        self.queue.link.report(exc)
+        error = self.queue._error(exc)
+        if exc.code() in _RESUMABLE:
+            return _Broken(error)
+        return error
+
+    def _report(self, error: BusError) -> None:
+        log.info("stream of %s broke: %s", self.queue.name, error)
+        self.queue.events.emit(Event("error", self.queue.name, error=error))
+
+    async def _read_loop(self, call: Any) -> None:
+        settings = self.queue.link.settings
+        backoff = Backoff(settings.reconnect_backoff_initial, settings.reconnect_backoff_max)
+        end = _End()
+        try:
+            while not self._stopping:
+                if call is None:
+                    call = await self._reopen(backoff)
+                    if call is None:
+                        continue
+                try:
+                    done = await self._pump(call)
+                except _Broken as broken:
+                    self._report(broken.error)
+                    done = False
+                finally:
+                    call.cancel()  # ends the stream if still open (a no-op otherwise)
+                    call = None
+                if done:
+                    break  # max reached
+                self._after_break()
+                await asyncio.sleep(backoff.next())
+        except asyncio.CancelledError:
+            if not self._stopping:
+                raise
+        except BusError as exc:
+            end = _End(exc)
+        finally:
+            self._buffer.put_nowait(end)
+
+    async def _reopen(self, backoff: Backoff) -> Any:
+        link = self.queue.link
+        if not await link.wait_usable():
+            if link.state is LinkState.CLOSED:
+                raise BusClosedError(f"the link to {link.url} is closed")
+            return None
+        try:
+            call = await self._open()
+        except _Broken as broken:
+            self._report(broken.error)
+            await asyncio.sleep(backoff.next())
+            return None
+        backoff.reset()
+        self.reconnects += 1
+        details: dict[str, Any] = {"mode": self.mode.value, "consumer": self.name}
+        details["resumed"] = True
+        if self.mode is Mode.REPLAY:
+            details["from_id"] = self._next_id
+        self.queue.events.emit(Event("consuming", self.queue.name, details=details))
+        return call
+
+    async def _pump(self, call: Any) -> bool:
+        """Move deliveries from the stream to the buffer; True when ``max`` is reached."""
+        settle = self._settler(self.name) if self.mode is Mode.AT_LEAST_ONCE else None
+        replay = self.mode is Mode.REPLAY
+        while True:
+            try:
+                response = await call.read()
+            except grpc.aio.AioRpcError as exc:
+                raise self._classify(exc) from None
+            if response is grpc.aio.EOF:
+                # Ended by the gateway: max reached, draining, or the queue was closed
+                # (reopening then tells which).
+                return self.max is not None and self._received >= self.max
+            if response.WhichOneof("event") != "delivery":
+                continue  # heartbeats, state events
+            item = delivery(response.delivery, settle)
+            self._received += 1
+            if replay:
+                self._next_id = item.id + 1
+            if self._buffer.qsize() >= self.prefetch:
+                self._room.clear()
+                await self._room.wait()
+            self._buffer.put_nowait(item)
+
+    def _after_break(self) -> None:
+        if self.mode is Mode.AT_LEAST_ONCE:
+            # The gateway gives a broken stream's unacked deliveries back: those not
+            # handed out yet will come again, so do not hand them out twice.
+            self._received -= self._discard_buffered()
+
+    def _discard_buffered(self) -> int:
+        dropped = 0
+        kept: list[_End] = []
+        while not self._buffer.empty():
+            item = self._buffer.get_nowait()
+            if isinstance(item, _End):
+                kept.append(item)
+            else:
+                dropped += 1
+        for item in kept:
+            self._buffer.put_nowait(item)
+        self._room.set()
+        return dropped
+
+
+class _AckBatcher:
+    """Coalesces acks issued in the same event-loop tick into one ``Ack`` call."""
+
+    def __init__(self, queue: str, flush: Callable[[list[int]], Awaitable[list[int]]]) -> None:
+        self._queue = queue
+        self._flush_fn = flush
+        self._waiting: dict[int, list[asyncio.Future[None]]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    async def ack(self, message_id: int) -> None:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(message_id, []).append(future)
+        if self._task is None:
+            self._task = asyncio.create_task(self._flush())
+        await future
+
+    async def drain(self) -> None:
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _flush(self) -> None:
+        await asyncio.sleep(0)  # let acks made in this tick join the batch
+        waiting, self._waiting = self._waiting, {}
+        self._task = None
+        try:
+            unknown = set(await self._flush_fn(list(waiting)))
+        except BaseException as exc:
+            for futures in waiting.values():
+                for future in futures:
+                    if not future.done():
+                        future.set_exception(exc)
+            return
+        for message_id, futures in waiting.items():
+            for future in futures:
+                if future.done():
+                    continue
+                if message_id in unknown:
+                    future.set_exception(UnknownMessageError(self._queue, [message_id]))
+                else:
+                    future.set_result(None)

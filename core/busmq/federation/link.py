@@ -1,0 +1,322 @@
+"""A link to one gateway: a pool of warm HTTP/2 channels, credentials, and link state.
+
+The link opens ``pool_size`` grpc.aio channels as soon as it starts and keeps them
+connected (each channel's connectivity is watched and an idle one is asked to
+reconnect), so the first call of a federated object does not wait for a handshake.
+Calls and streams take channels round-robin.
+
+State machine::
+
+    connecting ──probe ok──> ready <──outbox empty──> draining_outbox
+        │                      │  (a call failed UNAVAILABLE, a channel failed)
+        │                      v
+        └──probe failed──> disconnected ──probe ok──> ready / draining_outbox
+                    └──UNAUTHENTICATED──> unauthorized ──probe ok──> ready
+    (any) ──close()──> closed
+
+A probe is one authenticated ``GetQueue`` on a name that does not exist: ``NOT_FOUND``
+proves the gateway is reachable, accepts the secret and reaches its Redis. Failed
+probes are repeated after an exponential, jittered backoff (a wrong secret costs a
+handful of calls, never a retry storm).
+
+Events (``link.events``, source = the URL): ``state`` (details ``state``,
+``previous``) on every change, ``ready`` when the link becomes usable, ``unauthorized``
+when the gateway refuses the credentials, ``error`` for each failed probe (with the
+exception), ``closed`` when the link is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import itertools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from ..errors import BusError
+from ..events import Event, EventHub
+from ..v1 import queue_service_pb2 as pb
+from ..v1 import queue_service_pb2_grpc as pb_grpc
+from .backoff import Backoff
+from .errors import RETRYABLE, UNAUTHORIZED, FederationUnauthorizedError, from_rpc_error
+from .settings import FederationSettings, FederationTarget
+
+log = logging.getLogger(__name__)
+
+PROBE_QUEUE = "busmq.federation.probe"
+MAX_GRPC_MESSAGE = 64 * 1024 * 1024
+
+
+class LinkState(enum.Enum):
+    """Where a link stands; ``usable`` states accept direct calls."""
+
+    CONNECTING = "connecting"
+    READY = "ready"
+    DRAINING_OUTBOX = "draining_outbox"
+    DISCONNECTED = "disconnected"
+    UNAUTHORIZED = "unauthorized"
+    CLOSED = "closed"
+
+    @property
+    def usable(self) -> bool:
+        return self in (LinkState.READY, LinkState.DRAINING_OUTBOX)
+
+
+class Link:
+    """The connection of this bus to one gateway (see the module docstring).
+
+    Attributes:
+        url: the gateway URL (normalized).
+        events: the link's :class:`~busmq.events.EventHub`.
+        attempts: probes made so far (each is one call to the gateway).
+    """
+
+    def __init__(
+        self,
+        target: FederationTarget,
+        settings: FederationSettings,
+        *,
+        operation_timeout: float,
+        outbox_messages: Callable[[], int] = lambda: 0,
+        outbox_rows: Callable[[], int] = lambda: 0,
+    ) -> None:
+        self.target = target
+        self.url = target.url
+        self.settings = settings
+        self.operation_timeout = operation_timeout
+        self.events: EventHub[Event] = EventHub()
+        self.attempts = 0
+        self.metadata: tuple[tuple[str, str], ...] = (
+            (("authorization", f"Bearer {target.secret}"),) if target.secret else ()
+        )
+        self._outbox_messages = outbox_messages
+        self._outbox_rows = outbox_rows
+        self._state = LinkState.CONNECTING
+        self._usable = asyncio.Event()
+        self._settled = asyncio.Event()  # the first probe has an outcome
+        self._trouble = asyncio.Event()
+        self._channels: list[grpc.aio.Channel] = []
+        self._stubs: list[Any] = []
+        self._round_robin = itertools.count()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def __repr__(self) -> str:
+        return f"<Link {self.url} {self._state.value} outbox={self.outbox_depth}>"
+
+    # -- state ----------------------------------------------------------------------
+
+    @property
+    def state(self) -> LinkState:
+        return self._state
+
+    @property
+    def usable(self) -> bool:
+        """Whether direct calls are expected to work (``ready`` or ``draining_outbox``)."""
+        return self._state.usable
+
+    @property
+    def outbox_depth(self) -> int:
+        """Messages waiting in the outbox for this gateway."""
+        return self._outbox_messages()
+
+    @property
+    def outbox_rows(self) -> int:
+        """Pushes (outbox rows) waiting for this gateway."""
+        return self._outbox_rows()
+
+    async def wait_usable(self, timeout: float | None = None) -> bool:
+        """Wait until the link is usable; False after ``timeout`` seconds or if closed."""
+        if self._state is LinkState.CLOSED:
+            return False
+        try:
+            async with asyncio.timeout(timeout):
+                await self._usable.wait()
+        except TimeoutError:
+            return False
+        return self._state.usable
+
+    async def wait_settled(self, timeout: float) -> None:
+        """Wait (at most ``timeout``) for the first probe after start to have an outcome."""
+        try:
+            async with asyncio.timeout(timeout):
+                await self._settled.wait()
+        except TimeoutError:
+            pass
+
+    def report(self, error: grpc.aio.AioRpcError) -> None:
+        """Called by users of the link when a call failed: a transport-level failure
+        makes the link re-probe; a refusal of the credentials marks it unauthorized."""
+        code = error.code()
+        if code in UNAUTHORIZED:
+            if self._state is not LinkState.UNAUTHORIZED:
+                self._set_state(LinkState.UNAUTHORIZED)
+                self.events.emit(Event("unauthorized", self.url))
+            self._trouble.set()
+        elif code in RETRYABLE:
+            self._trouble.set()
+
+    def note_outbox(self) -> None:
+        """The outbox changed: switch between ``ready`` and ``draining_outbox``."""
+        if self._state.usable:
+            rows = self._outbox_rows()
+            self._set_state(LinkState.DRAINING_OUTBOX if rows else LinkState.READY)
+
+    def require_authorized(self) -> None:
+        if self._state is LinkState.UNAUTHORIZED:
+            raise FederationUnauthorizedError(self.url)
+        if self._state is LinkState.CLOSED:
+            raise BusError(f"the link to {self.url} is closed")
+
+    def _set_state(self, state: LinkState) -> None:
+        previous = self._state
+        if state is previous or previous is LinkState.CLOSED:
+            return
+        self._state = state
+        if state.usable:
+            self._usable.set()
+        else:
+            self._usable.clear()
+        log.info("federation link %s: %s -> %s", self.url, previous.value, state.value)
+        details = {"state": state.value, "previous": previous.value}
+        self.events.emit(Event("state", self.url, details=details))
+        if state.usable and not previous.usable:
+            self.events.emit(Event("ready", self.url))
+
+    # -- channels -------------------------------------------------------------------
+
+    def stub(self) -> Any:
+        """The next channel's ``QueueService`` stub (round-robin over the pool)."""
+        count = len(self._stubs)
+        if not count:
+            raise BusError(f"the link to {self.url} is not started or closed")
+        start = next(self._round_robin)
+        # Prefer a connected channel: after a cut, channels reconnect one by one.
+        for i in range(count):
+            index = (start + i) % count
+            if self._channels[index].get_state() is grpc.ChannelConnectivity.READY:
+                return self._stubs[index]
+        return self._stubs[start % count]
+
+    def _options(self) -> list[tuple[str, Any]]:
+        target, settings = self.target, self.settings
+        backoff_ms = int(settings.reconnect_backoff_initial * 1000)
+        options: list[tuple[str, Any]] = [
+            ("grpc.keepalive_time_ms", int(target.keepalive_seconds * 1000)),
+            ("grpc.keepalive_timeout_ms", int(target.keepalive_timeout_seconds * 1000)),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),
+            # gRPC's own reconnect backoff defaults to 1 s growing to 120 s; a link that
+            # was cut must come back within our backoff bounds instead.
+            ("grpc.initial_reconnect_backoff_ms", backoff_ms),
+            ("grpc.min_reconnect_backoff_ms", backoff_ms),
+            ("grpc.max_reconnect_backoff_ms", int(settings.reconnect_backoff_max * 1000)),
+            # Without this, channels with equal arguments share one connection.
+            ("grpc.use_local_subchannel_pool", 1),
+            ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE),
+            ("grpc.max_send_message_length", MAX_GRPC_MESSAGE),
+        ]
+        if target.server_name:
+            options.append(("grpc.ssl_target_name_override", target.server_name))
+        return options
+
+    def _open_channel(self) -> grpc.aio.Channel:
+        if not self.target.tls:
+            return grpc.aio.insecure_channel(self.target.address, options=self._options())
+        root, key, chain = self.target.read_credentials()
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=root, private_key=key, certificate_chain=chain
+        )
+        return grpc.aio.secure_channel(self.target.address, credentials, options=self._options())
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Open the channel pool and start probing (needs a running event loop)."""
+        if self._channels or self._state is LinkState.CLOSED:
+            return
+        for _ in range(self.target.pool_size):
+            channel = self._open_channel()
+            self._channels.append(channel)
+            self._stubs.append(pb_grpc.QueueServiceStub(channel))  # type: ignore[no-untyped-call]
+        name = f"busmq-link {self.url}"
+        self._tasks = [asyncio.create_task(self._supervise(), name=name)]
+        self._tasks += [
+            asyncio.create_task(self._watch(channel), name=f"{name} channel {i}")
+            for i, channel in enumerate(self._channels)
+        ]
+
+    async def close(self) -> None:
+        if self._state is LinkState.CLOSED:
+            return
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._set_state(LinkState.CLOSED)
+        self._usable.set()  # wake waiters; they see CLOSED
+        self._settled.set()
+        channels, self._channels, self._stubs = self._channels, [], []
+        await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
+        self.events.emit(Event("closed", self.url))
+        self.events.close()
+
+    # -- supervision ----------------------------------------------------------------
+
+    async def _supervise(self) -> None:
+        backoff = Backoff(
+            self.settings.reconnect_backoff_initial, self.settings.reconnect_backoff_max
+        )
+        while True:
+            error = await self._probe()
+            self._settled.set()
+            if error is None:
+                # Failures reported while the probe ran are older than its success.
+                self._trouble.clear()
+                backoff.reset()
+                rows = self._outbox_rows()
+                self._set_state(LinkState.DRAINING_OUTBOX if rows else LinkState.READY)
+                await self._trouble.wait()
+                if self._state is not LinkState.UNAUTHORIZED:
+                    self._set_state(LinkState.DISCONNECTED)
+                continue  # probe at once: the connection may simply be re-established
+            if isinstance(error, FederationUnauthorizedError):
+                if self._state is not LinkState.UNAUTHORIZED:
+                    self._set_state(LinkState.UNAUTHORIZED)
+                    self.events.emit(Event("unauthorized", self.url, error=error))
+            else:
+                self._set_state(LinkState.DISCONNECTED)
+            self.events.emit(Event("error", self.url, error=error))
+            await asyncio.sleep(backoff.next())
+
+    async def _probe(self) -> BusError | None:
+        """One authenticated call; None if the gateway answered as expected."""
+        self.attempts += 1
+        try:
+            await self.stub().GetQueue(
+                pb.GetQueueRequest(queue=PROBE_QUEUE),
+                metadata=self.metadata,
+                timeout=self.settings.connect_timeout,
+                wait_for_ready=True,
+            )
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() is grpc.StatusCode.NOT_FOUND:
+                return None
+            return from_rpc_error(exc, queue=PROBE_QUEUE, target=self.url)
+        return None
+
+    async def _watch(self, channel: grpc.aio.Channel) -> None:
+        """Keep one channel connected, and notice when its connection fails."""
+        state = channel.get_state(try_to_connect=True)
+        while state is not grpc.ChannelConnectivity.SHUTDOWN:
+            await channel.wait_for_state_change(state)
+            # try_to_connect: an IDLE channel (its connection was closed) reconnects at
+            # once instead of on the next call, so the pool stays warm.
+            state = channel.get_state(try_to_connect=True)
+            if state is grpc.ChannelConnectivity.TRANSIENT_FAILURE and not self._any_ready():
+                self._trouble.set()
+
+    def _any_ready(self) -> bool:
+        ready = grpc.ChannelConnectivity.READY
+        return any(channel.get_state() is ready for channel in self._channels)

@@ -1,0 +1,150 @@
+"""Federated pushes and streams across network cuts and a gateway crash."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+from busmq import Bus, BusUnavailableError, Delivery, Mode, UnknownMessageError
+from busmq.federation import LinkState
+from tests.federation.conftest import DatacenterA
+from tests.support.waiting import eventually
+
+TOTAL = 20_000
+BATCH = 100
+
+
+async def test_pushes_through_two_cuts_arrive_exactly_once_and_in_order(
+    dc_a: DatacenterA, dc_b: Bus
+) -> None:
+    local = dc_a.bus.queue("orders")
+    await local.attach(ttl=120)
+    remote = dc_b.federate("orders", dc_a.url)
+    assert await remote.link.wait_usable(10)
+    received: list[int] = []
+
+    async def consume_in_a() -> None:
+        async with local.consume(Mode.AT_MOST_ONCE, prefetch=500) as consumer:
+            async for delivery in consumer:
+                received.append(int(delivery.payload))
+                if len(received) == TOTAL:
+                    return
+
+    consumer = asyncio.create_task(consume_in_a())
+    steps = {50: "cut", 70: "restore", 100: "drained", 130: "cut", 150: "restore"}
+    queued = direct = 0
+    for batch in range(TOTAL // BATCH):
+        step = steps.get(batch)
+        if step == "cut":
+            await dc_a.proxy.cut()
+        elif step == "restore":
+            assert remote.outbox_depth > 0  # what was pushed during the cut waits on disk
+            await dc_a.proxy.restore()
+        elif step == "drained":
+            # Until the outbox has drained, pushes queue behind it (order); then they
+            # go direct again.
+            await eventually(lambda: remote.outbox_depth == 0, what="outbox drained")
+        first = batch * BATCH
+        ids = await remote.push_batch([b"%d" % i for i in range(first, first + BATCH)])
+        if ids is None:
+            queued += 1
+        else:
+            direct += 1
+    assert queued >= 40 and direct >= 80, (queued, direct)
+
+    await eventually(lambda: len(received) >= TOTAL, timeout=30, what="all messages in A")
+    await consumer
+    assert received == list(range(TOTAL))  # every message once, in push order
+    assert await local.last_id() == TOTAL  # and stored once: retried pushes were deduped
+    # Rows are deleted after their round of forwarding, a moment after A stored them.
+    await eventually(lambda: remote.outbox_depth == 0, what="outbox empty")
+    assert remote.state is LinkState.READY
+    assert remote.pushed == TOTAL
+
+
+async def settle(delivery: Delivery) -> None:
+    """Ack until the outcome is known, as an at-least-once application must: an ack
+    that failed with the gateway may still have been applied."""
+    while True:
+        try:
+            await delivery.ack()
+            return
+        except UnknownMessageError:
+            return  # acked already: by the ack that "failed", or on a redelivered copy
+        except BusUnavailableError:
+            await asyncio.sleep(0.1)  # the gateway is down; try again
+
+
+async def test_at_least_once_consumer_survives_a_gateway_kill_and_loses_nothing(
+    dc_a: DatacenterA, dc_b: Bus
+) -> None:
+    local = dc_a.bus.queue("jobs")
+    await local.attach(ttl=120)
+    await local.push_batch([str(i) for i in range(300)])
+    remote = dc_b.federate("jobs", dc_a.url)
+    await remote.attach()
+    attach_events: list[dict[str, object]] = []
+    remote.events.on(lambda e: attach_events.append(e.details) if e.kind == "attached" else None)
+    acked: set[int] = set()
+    highest_count: dict[int, int] = {}
+
+    async def kill_and_restart_gateway() -> None:
+        await eventually(lambda: len(acked) >= 100, what="100 acks before the kill")
+        dc_a.gateway.signal(signal.SIGKILL)
+        await dc_a.gateway.wait()
+        await dc_a.gateway.start()  # same port, new process, no memory of the streams
+
+    killer = asyncio.create_task(kill_and_restart_gateway())
+    consumer = remote.consume(Mode.AT_LEAST_ONCE, prefetch=20, visibility_timeout=1.0)
+    async with consumer:
+        async for delivery in consumer:
+            count = highest_count.get(delivery.id, 0)
+            highest_count[delivery.id] = max(count, delivery.delivery_count)
+            await settle(delivery)
+            acked.add(delivery.id)
+            if len(acked) == 300:
+                break
+    await killer
+    assert acked == set(range(1, 301))  # nothing lost
+    redelivered = [i for i, count in highest_count.items() if count > 1]
+    assert redelivered, "deliveries in flight at the kill come again with a higher count"
+    assert consumer.reconnects >= 1
+    assert await local.count() == 0
+    # The renewal noticed that the new gateway did not know the attachment: re-attached.
+    await eventually(lambda: bool(attach_events), what="re-attached")
+    assert attach_events[0]["reattached"] is True and remote.attached
+    assert await remote.renew()
+
+
+async def test_replay_consumer_resumes_after_a_cut_without_duplicates_or_gaps(
+    dc_a: DatacenterA, dc_b: Bus
+) -> None:
+    local = dc_a.bus.queue("history")
+    await local.attach(ttl=120)
+    for start in range(0, 1500, 100):
+        await local.push_batch([str(i) for i in range(start, start + 100)])
+    remote = dc_b.federate("history", dc_a.url)
+    ids: list[int] = []
+    cut_done = asyncio.Event()
+
+    async def cut_mid_stream() -> None:
+        await eventually(lambda: len(ids) >= 500, what="500 replayed before the cut")
+        await dc_a.proxy.cut()
+        await eventually(lambda: remote.state is LinkState.DISCONNECTED, what="link down")
+        for start in range(1500, 3000, 100):  # more history while B is cut off
+            await local.push_batch([str(i) for i in range(start, start + 100)])
+        await dc_a.proxy.restore()
+        cut_done.set()
+
+    cutter = asyncio.create_task(cut_mid_stream())
+    consumer = remote.consume(Mode.REPLAY, from_id=1, prefetch=50)
+    async with consumer:
+        async for delivery in consumer:
+            ids.append(delivery.id)
+            assert delivery.payload == b"%d" % (delivery.id - 1)
+            if len(ids) == 3000:
+                break
+    await cutter
+    assert cut_done.is_set()
+    assert ids == list(range(1, 3001))
+    assert consumer.reconnects >= 1
