@@ -204,22 +204,39 @@ class Consumer:
 
     async def __anext__(self) -> Delivery:
         if self._index >= len(self._batch):
-            if self._finished:
-                raise StopAsyncIteration
-            if self._reader is None:
-                await self.start()
-            item = await self._buffer.get()
-            if isinstance(item, _End):
-                self._finished = True
-                if item.error is not None:
-                    raise item.error
-                raise StopAsyncIteration
-            self._batch, self._index = item, 0
+            await self._refill()
         delivery = self._batch[self._index]
         self._index += 1
         self.delivered += 1
         self.queue.consumed += 1
         return delivery
+
+    async def next_batch(self) -> list[Delivery]:
+        """Every delivery available now (at least one), waiting for the next read if
+        there is none; raises ``StopAsyncIteration`` at the end, like iteration.
+
+        For relays (such as the gateway) that move deliveries in bulk: one await per
+        read instead of one per message. Mixing it with iteration is fine."""
+        if self._index >= len(self._batch):
+            await self._refill()
+        batch = self._batch[self._index :]
+        self._index = len(self._batch)
+        self.delivered += len(batch)
+        self.queue.consumed += len(batch)
+        return batch
+
+    async def _refill(self) -> None:
+        if self._finished:
+            raise StopAsyncIteration
+        if self._reader is None:
+            await self.start()
+        item = await self._buffer.get()
+        if isinstance(item, _End):
+            self._finished = True
+            if item.error is not None:
+                raise item.error
+            raise StopAsyncIteration
+        self._batch, self._index = item, 0
 
     async def run(self, handler: Callable[[Delivery], Awaitable[Any]]) -> None:
         """Call ``handler`` for every delivery until stopped. In at-least-once mode a

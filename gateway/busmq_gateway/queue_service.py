@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
 
 import grpc
 from google.protobuf import timestamp_pb2
@@ -28,6 +27,7 @@ from .attachments import Attachments
 from .config import GatewaySettings
 from .convert import consume_mode, delivery_to_proto, duration, outgoing_batch, seconds
 from .errors import NotFound, RequestError, rpc_errors, to_status, unary
+from .streaming import Beat, paced
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ class QueueService(pb_grpc.QueueServiceServicer):
         self.no_streams.clear()
         try:
             yield pb.ConsumeResponse(started=pb.ConsumeStarted(consumer_id=consumer.name))
-            async for response in self._deliveries(consumer, context):
+            async for response in self._deliveries(consumer, context, request.batch):
                 yield response
         finally:
             self._consumers.pop(consumer.name, None)
@@ -135,40 +135,23 @@ class QueueService(pb_grpc.QueueServiceServicer):
         )
 
     async def _deliveries(
-        self, consumer: Consumer, context: grpc.aio.ServicerContext
+        self, consumer: Consumer, context: grpc.aio.ServicerContext, batch: bool
     ) -> AsyncIterator[pb.ConsumeResponse]:
-        iterator = consumer.__aiter__()
-        drain: asyncio.Future[bool] = asyncio.ensure_future(self._draining.wait())
-        pending: asyncio.Future[Delivery] | None = None
+        beats = paced(_batches(consumer), self._draining, self._settings.heartbeat_seconds)
         try:
-            while True:
-                if pending is None:
-                    pending = asyncio.ensure_future(iterator.__anext__())
-                waiting: set[asyncio.Future[Any]] = {pending, drain}
-                done, _ = await asyncio.wait(
-                    waiting,
-                    timeout=self._settings.heartbeat_seconds,
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
-                if drain in done:
+            async for item in beats:
+                if item is Beat.DRAINING:
                     yield _state("draining", consumer.queue.name)
-                    return
-                if pending not in done:
+                elif item is Beat.HEARTBEAT:
                     yield pb.ConsumeResponse(heartbeat=types_pb2.Heartbeat(time=_now()))
-                    continue
-                task, pending = pending, None
-                try:
-                    delivery = task.result()
-                except StopAsyncIteration:
-                    return
-                except BusError as exc:
-                    await context.abort_with_status(to_status(exc))
-                    return
-                yield pb.ConsumeResponse(delivery=delivery_to_proto(delivery))
-        finally:
-            drain.cancel()
-            if pending is not None:
-                pending.cancel()
+                elif batch:
+                    deliveries = [delivery_to_proto(d) for d in item]
+                    yield pb.ConsumeResponse(batch=pb.DeliveryBatch(deliveries=deliveries))
+                else:
+                    for delivery in item:
+                        yield pb.ConsumeResponse(delivery=delivery_to_proto(delivery))
+        except BusError as exc:
+            await context.abort_with_status(to_status(exc))
 
     async def _end_consumer(self, consumer: Consumer) -> None:
         try:
@@ -257,6 +240,15 @@ class QueueService(pb_grpc.QueueServiceServicer):
             consumer.stop()
         await queue.close()
         return pb.CloseQueueResponse()
+
+
+async def _batches(consumer: Consumer) -> AsyncIterator[list[Delivery]]:
+    while True:
+        try:
+            batch = await consumer.next_batch()
+        except StopAsyncIteration:
+            return
+        yield batch
 
 
 def _now() -> timestamp_pb2.Timestamp:

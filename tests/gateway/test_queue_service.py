@@ -313,3 +313,22 @@ async def test_a_thousand_concurrent_streams_open_and_close(gateway: GatewayUnde
     )
     _, got = await collect(gateway, pb.ConsumeRequest(queue="crowd", max=1), 1)
     assert [d.message.id for d in got] == list(pushed.ids)
+
+
+async def test_batched_streams_carry_every_delivery_in_order(gateway: GatewayUnderTest) -> None:
+    await attach(gateway, "bulk")
+    await gateway.queues.Push(
+        pb.PushRequest(queue="bulk", messages=[text(str(i)) for i in range(500)]), metadata=AUTH
+    )
+    call = gateway.queues.Consume(
+        pb.ConsumeRequest(queue="bulk", max=500, prefetch=100, batch=True), metadata=AUTH
+    )
+    ids: list[int] = []
+    events = []
+    async for response in call:
+        events.append(response.WhichOneof("event"))
+        if response.HasField("batch"):
+            ids += [d.message.id for d in response.batch.deliveries]
+    assert ids == list(range(1, 501))
+    assert "delivery" not in events
+    assert events.count("batch") < 500  # several deliveries per response

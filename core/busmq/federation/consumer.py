@@ -276,6 +276,7 @@ class FederatedConsumer:
             mode=MODE_TO_PROTO[self.mode],
             prefetch=self.prefetch,
             visibility_timeout=duration(self.visibility_timeout),
+            batch=True,
         )
         if self.max is not None:
             request.max = self.max - self._received
@@ -382,16 +383,22 @@ class FederatedConsumer:
                 # Ended by the gateway: max reached, draining, or the queue was closed
                 # (reopening then tells which).
                 return self.max is not None and self._received >= self.max
-            if response.WhichOneof("event") != "delivery":
+            event = response.WhichOneof("event")
+            if event == "batch":
+                received = response.batch.deliveries
+            elif event == "delivery":
+                received = [response.delivery]
+            else:
                 continue  # heartbeats, state events
-            item = delivery(response.delivery, settle)
-            self._received += 1
-            if replay:
-                self._next_id = item.id + 1
-            if self._buffer.qsize() >= self.prefetch:
-                self._room.clear()
-                await self._room.wait()
-            self._buffer.put_nowait(item)
+            for message in received:
+                item = delivery(message, settle)
+                self._received += 1
+                if replay:
+                    self._next_id = item.id + 1
+                if self._buffer.qsize() >= self.prefetch:
+                    self._room.clear()
+                    await self._room.wait()
+                self._buffer.put_nowait(item)
 
     def _after_break(self) -> None:
         if self.mode is Mode.AT_LEAST_ONCE:

@@ -26,7 +26,7 @@ from busmq.v1 import types_pb2 as busmq_dot_v1_dot_types__pb2
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x62usmq/v1/queue_service.proto\x12\x08\x62usmq.v1\x1a\x14\x62usmq/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\"\xa0\x01\n\x12\x41ttachQueueRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12&\n\x03ttl\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x12\n\nmax_length\x18\x03 \x01(\x04\x12*\n\x07max_age\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x13\n\x0bmax_backlog\x18\x05 \x01(\x04\"p\n\x13\x41ttachQueueResponse\x12\x15\n\rattachment_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\x12\x31\n\x0elease_duration\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"/\n\x16RenewAttachmentRequest\x12\x15\n\rattachment_id\x18\x01 \x01(\t\"\x19\n\x17RenewAttachmentResponse\"+\n\x12\x44\x65tachQueueRequest\x12\x15\n\rattachment_id\x18\x01 \x01(\t\"\x15\n\x13\x44\x65tachQueueResponse\"]\n\x0bPushRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12+\n\x08messages\x18\x02 \x03(\x0b\x32\x19.busmq.v1.OutgoingMessage\x12\x12\n\nrequest_id\x18\x03 \x01(\t\".\n\x0cPushResponse\x12\x0b\n\x03ids\x18\x01 \x03(\x04\x12\x11\n\tduplicate\x18\x02 \x01(\x08\"\xc0\x01\n\x0e\x43onsumeRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12#\n\x04mode\x18\x02 \x01(\x0e\x32\x15.busmq.v1.ConsumeMode\x12\x0f\n\x07\x66rom_id\x18\x03 \x01(\x04\x12\x13\n\x0b\x66rom_latest\x18\x04 \x01(\x08\x12\x0b\n\x03max\x18\x05 \x01(\x04\x12\x10\n\x08prefetch\x18\x06 \x01(\r\x12\x35\n\x12visibility_timeout\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xc0\x01\n\x0f\x43onsumeResponse\x12+\n\x07started\x18\x01 \x01(\x0b\x32\x18.busmq.v1.ConsumeStartedH\x00\x12&\n\x08\x64\x65livery\x18\x02 \x01(\x0b\x32\x12.busmq.v1.DeliveryH\x00\x12(\n\theartbeat\x18\x03 \x01(\x0b\x32\x13.busmq.v1.HeartbeatH\x00\x12%\n\x05state\x18\x04 \x01(\x0b\x32\x14.busmq.v1.StateEventH\x00\x42\x07\n\x05\x65vent\"%\n\x0e\x43onsumeStarted\x12\x13\n\x0b\x63onsumer_id\x18\x01 \x01(\t\"O\n\nAckRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x03(\x04\x12\x10\n\x08up_to_id\x18\x03 \x01(\x04\x12\x13\n\x0b\x63onsumer_id\x18\x04 \x01(\t\"1\n\x0b\x41\x63kResponse\x12\r\n\x05\x61\x63ked\x18\x01 \x01(\x04\x12\x13\n\x0bunknown_ids\x18\x02 \x03(\x04\">\n\x0bNackRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x13\n\x0b\x63onsumer_id\x18\x02 \x01(\t\x12\x0b\n\x03ids\x18\x03 \x03(\x04\"\x0e\n\x0cNackResponse\" \n\x0fGetQueueRequest\x12\r\n\x05queue\x18\x01 \x01(\t\"\xd6\x01\n\x10GetQueueResponse\x12\r\n\x05queue\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\x04\x12&\n\x03ttl\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0f\n\x07last_id\x18\x04 \x01(\x04\x12:\n\x08metadata\x18\x05 \x03(\x0b\x32(.busmq.v1.GetQueueResponse.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xa2\x01\n\x1aUpdateQueueMetadataRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x44\n\x08metadata\x18\x02 \x03(\x0b\x32\x32.busmq.v1.UpdateQueueMetadataRequest.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x1d\n\x1bUpdateQueueMetadataResponse\"\"\n\x11\x46lushQueueRequest\x12\r\n\x05queue\x18\x01 \x01(\t\"\x14\n\x12\x46lushQueueResponse\"\"\n\x11\x43loseQueueRequest\x12\r\n\x05queue\x18\x01 \x01(\t\"\x14\n\x12\x43loseQueueResponse2\x9b\x06\n\x0cQueueService\x12J\n\x0b\x41ttachQueue\x12\x1c.busmq.v1.AttachQueueRequest\x1a\x1d.busmq.v1.AttachQueueResponse\x12V\n\x0fRenewAttachment\x12 .busmq.v1.RenewAttachmentRequest\x1a!.busmq.v1.RenewAttachmentResponse\x12J\n\x0b\x44\x65tachQueue\x12\x1c.busmq.v1.DetachQueueRequest\x1a\x1d.busmq.v1.DetachQueueResponse\x12\x35\n\x04Push\x12\x15.busmq.v1.PushRequest\x1a\x16.busmq.v1.PushResponse\x12@\n\x07\x43onsume\x12\x18.busmq.v1.ConsumeRequest\x1a\x19.busmq.v1.ConsumeResponse0\x01\x12\x32\n\x03\x41\x63k\x12\x14.busmq.v1.AckRequest\x1a\x15.busmq.v1.AckResponse\x12\x35\n\x04Nack\x12\x15.busmq.v1.NackRequest\x1a\x16.busmq.v1.NackResponse\x12\x41\n\x08GetQueue\x12\x19.busmq.v1.GetQueueRequest\x1a\x1a.busmq.v1.GetQueueResponse\x12\x62\n\x13UpdateQueueMetadata\x12$.busmq.v1.UpdateQueueMetadataRequest\x1a%.busmq.v1.UpdateQueueMetadataResponse\x12G\n\nFlushQueue\x12\x1b.busmq.v1.FlushQueueRequest\x1a\x1c.busmq.v1.FlushQueueResponse\x12G\n\nCloseQueue\x12\x1b.busmq.v1.CloseQueueRequest\x1a\x1c.busmq.v1.CloseQueueResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x62usmq/v1/queue_service.proto\x12\x08\x62usmq.v1\x1a\x14\x62usmq/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\"\xa0\x01\n\x12\x41ttachQueueRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12&\n\x03ttl\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x12\n\nmax_length\x18\x03 \x01(\x04\x12*\n\x07max_age\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x13\n\x0bmax_backlog\x18\x05 \x01(\x04\"p\n\x13\x41ttachQueueResponse\x12\x15\n\rattachment_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\x12\x31\n\x0elease_duration\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"/\n\x16RenewAttachmentRequest\x12\x15\n\rattachment_id\x18\x01 \x01(\t\"\x19\n\x17RenewAttachmentResponse\"+\n\x12\x44\x65tachQueueRequest\x12\x15\n\rattachment_id\x18\x01 \x01(\t\"\x15\n\x13\x44\x65tachQueueResponse\"]\n\x0bPushRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12+\n\x08messages\x18\x02 \x03(\x0b\x32\x19.busmq.v1.OutgoingMessage\x12\x12\n\nrequest_id\x18\x03 \x01(\t\".\n\x0cPushResponse\x12\x0b\n\x03ids\x18\x01 \x03(\x04\x12\x11\n\tduplicate\x18\x02 \x01(\x08\"\xcf\x01\n\x0e\x43onsumeRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12#\n\x04mode\x18\x02 \x01(\x0e\x32\x15.busmq.v1.ConsumeMode\x12\x0f\n\x07\x66rom_id\x18\x03 \x01(\x04\x12\x13\n\x0b\x66rom_latest\x18\x04 \x01(\x08\x12\x0b\n\x03max\x18\x05 \x01(\x04\x12\x10\n\x08prefetch\x18\x06 \x01(\r\x12\x35\n\x12visibility_timeout\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\r\n\x05\x62\x61tch\x18\x08 \x01(\x08\"\xea\x01\n\x0f\x43onsumeResponse\x12+\n\x07started\x18\x01 \x01(\x0b\x32\x18.busmq.v1.ConsumeStartedH\x00\x12&\n\x08\x64\x65livery\x18\x02 \x01(\x0b\x32\x12.busmq.v1.DeliveryH\x00\x12(\n\theartbeat\x18\x03 \x01(\x0b\x32\x13.busmq.v1.HeartbeatH\x00\x12%\n\x05state\x18\x04 \x01(\x0b\x32\x14.busmq.v1.StateEventH\x00\x12(\n\x05\x62\x61tch\x18\x05 \x01(\x0b\x32\x17.busmq.v1.DeliveryBatchH\x00\x42\x07\n\x05\x65vent\"7\n\rDeliveryBatch\x12&\n\ndeliveries\x18\x01 \x03(\x0b\x32\x12.busmq.v1.Delivery\"%\n\x0e\x43onsumeStarted\x12\x13\n\x0b\x63onsumer_id\x18\x01 \x01(\t\"O\n\nAckRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x03(\x04\x12\x10\n\x08up_to_id\x18\x03 \x01(\x04\x12\x13\n\x0b\x63onsumer_id\x18\x04 \x01(\t\"1\n\x0b\x41\x63kResponse\x12\r\n\x05\x61\x63ked\x18\x01 \x01(\x04\x12\x13\n\x0bunknown_ids\x18\x02 \x03(\x04\">\n\x0bNackRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x13\n\x0b\x63onsumer_id\x18\x02 \x01(\t\x12\x0b\n\x03ids\x18\x03 \x03(\x04\"\x0e\n\x0cNackResponse\" \n\x0fGetQueueRequest\x12\r\n\x05queue\x18\x01 \x01(\t\"\xd6\x01\n\x10GetQueueResponse\x12\r\n\x05queue\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\x04\x12&\n\x03ttl\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0f\n\x07last_id\x18\x04 \x01(\x04\x12:\n\x08metadata\x18\x05 \x03(\x0b\x32(.busmq.v1.GetQueueResponse.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xa2\x01\n\x1aUpdateQueueMetadataRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x44\n\x08metadata\x18\x02 \x03(\x0b\x32\x32.busmq.v1.UpdateQueueMetadataRequest.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x1d\n\x1bUpdateQueueMetadataResponse\"\"\n\x11\x46lushQueueRequest\x12\r\n\x05queue\x18\x01 \x01(\t\"\x14\n\x12\x46lushQueueResponse\"\"\n\x11\x43loseQueueRequest\x12\r\n\x05queue\x18\x01 \x01(\t\"\x14\n\x12\x43loseQueueResponse2\x9b\x06\n\x0cQueueService\x12J\n\x0b\x41ttachQueue\x12\x1c.busmq.v1.AttachQueueRequest\x1a\x1d.busmq.v1.AttachQueueResponse\x12V\n\x0fRenewAttachment\x12 .busmq.v1.RenewAttachmentRequest\x1a!.busmq.v1.RenewAttachmentResponse\x12J\n\x0b\x44\x65tachQueue\x12\x1c.busmq.v1.DetachQueueRequest\x1a\x1d.busmq.v1.DetachQueueResponse\x12\x35\n\x04Push\x12\x15.busmq.v1.PushRequest\x1a\x16.busmq.v1.PushResponse\x12@\n\x07\x43onsume\x12\x18.busmq.v1.ConsumeRequest\x1a\x19.busmq.v1.ConsumeResponse0\x01\x12\x32\n\x03\x41\x63k\x12\x14.busmq.v1.AckRequest\x1a\x15.busmq.v1.AckResponse\x12\x35\n\x04Nack\x12\x15.busmq.v1.NackRequest\x1a\x16.busmq.v1.NackResponse\x12\x41\n\x08GetQueue\x12\x19.busmq.v1.GetQueueRequest\x1a\x1a.busmq.v1.GetQueueResponse\x12\x62\n\x13UpdateQueueMetadata\x12$.busmq.v1.UpdateQueueMetadataRequest\x1a%.busmq.v1.UpdateQueueMetadataResponse\x12G\n\nFlushQueue\x12\x1b.busmq.v1.FlushQueueRequest\x1a\x1c.busmq.v1.FlushQueueResponse\x12G\n\nCloseQueue\x12\x1b.busmq.v1.CloseQueueRequest\x1a\x1c.busmq.v1.CloseQueueResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -54,39 +54,41 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PUSHRESPONSE']._serialized_start=612
   _globals['_PUSHRESPONSE']._serialized_end=658
   _globals['_CONSUMEREQUEST']._serialized_start=661
-  _globals['_CONSUMEREQUEST']._serialized_end=853
-  _globals['_CONSUMERESPONSE']._serialized_start=856
-  _globals['_CONSUMERESPONSE']._serialized_end=1048
-  _globals['_CONSUMESTARTED']._serialized_start=1050
-  _globals['_CONSUMESTARTED']._serialized_end=1087
-  _globals['_ACKREQUEST']._serialized_start=1089
-  _globals['_ACKREQUEST']._serialized_end=1168
-  _globals['_ACKRESPONSE']._serialized_start=1170
-  _globals['_ACKRESPONSE']._serialized_end=1219
-  _globals['_NACKREQUEST']._serialized_start=1221
-  _globals['_NACKREQUEST']._serialized_end=1283
-  _globals['_NACKRESPONSE']._serialized_start=1285
-  _globals['_NACKRESPONSE']._serialized_end=1299
-  _globals['_GETQUEUEREQUEST']._serialized_start=1301
-  _globals['_GETQUEUEREQUEST']._serialized_end=1333
-  _globals['_GETQUEUERESPONSE']._serialized_start=1336
-  _globals['_GETQUEUERESPONSE']._serialized_end=1550
-  _globals['_GETQUEUERESPONSE_METADATAENTRY']._serialized_start=1503
-  _globals['_GETQUEUERESPONSE_METADATAENTRY']._serialized_end=1550
-  _globals['_UPDATEQUEUEMETADATAREQUEST']._serialized_start=1553
-  _globals['_UPDATEQUEUEMETADATAREQUEST']._serialized_end=1715
-  _globals['_UPDATEQUEUEMETADATAREQUEST_METADATAENTRY']._serialized_start=1503
-  _globals['_UPDATEQUEUEMETADATAREQUEST_METADATAENTRY']._serialized_end=1550
-  _globals['_UPDATEQUEUEMETADATARESPONSE']._serialized_start=1717
-  _globals['_UPDATEQUEUEMETADATARESPONSE']._serialized_end=1746
-  _globals['_FLUSHQUEUEREQUEST']._serialized_start=1748
-  _globals['_FLUSHQUEUEREQUEST']._serialized_end=1782
-  _globals['_FLUSHQUEUERESPONSE']._serialized_start=1784
-  _globals['_FLUSHQUEUERESPONSE']._serialized_end=1804
-  _globals['_CLOSEQUEUEREQUEST']._serialized_start=1806
-  _globals['_CLOSEQUEUEREQUEST']._serialized_end=1840
-  _globals['_CLOSEQUEUERESPONSE']._serialized_start=1842
-  _globals['_CLOSEQUEUERESPONSE']._serialized_end=1862
-  _globals['_QUEUESERVICE']._serialized_start=1865
-  _globals['_QUEUESERVICE']._serialized_end=2660
+  _globals['_CONSUMEREQUEST']._serialized_end=868
+  _globals['_CONSUMERESPONSE']._serialized_start=871
+  _globals['_CONSUMERESPONSE']._serialized_end=1105
+  _globals['_DELIVERYBATCH']._serialized_start=1107
+  _globals['_DELIVERYBATCH']._serialized_end=1162
+  _globals['_CONSUMESTARTED']._serialized_start=1164
+  _globals['_CONSUMESTARTED']._serialized_end=1201
+  _globals['_ACKREQUEST']._serialized_start=1203
+  _globals['_ACKREQUEST']._serialized_end=1282
+  _globals['_ACKRESPONSE']._serialized_start=1284
+  _globals['_ACKRESPONSE']._serialized_end=1333
+  _globals['_NACKREQUEST']._serialized_start=1335
+  _globals['_NACKREQUEST']._serialized_end=1397
+  _globals['_NACKRESPONSE']._serialized_start=1399
+  _globals['_NACKRESPONSE']._serialized_end=1413
+  _globals['_GETQUEUEREQUEST']._serialized_start=1415
+  _globals['_GETQUEUEREQUEST']._serialized_end=1447
+  _globals['_GETQUEUERESPONSE']._serialized_start=1450
+  _globals['_GETQUEUERESPONSE']._serialized_end=1664
+  _globals['_GETQUEUERESPONSE_METADATAENTRY']._serialized_start=1617
+  _globals['_GETQUEUERESPONSE_METADATAENTRY']._serialized_end=1664
+  _globals['_UPDATEQUEUEMETADATAREQUEST']._serialized_start=1667
+  _globals['_UPDATEQUEUEMETADATAREQUEST']._serialized_end=1829
+  _globals['_UPDATEQUEUEMETADATAREQUEST_METADATAENTRY']._serialized_start=1617
+  _globals['_UPDATEQUEUEMETADATAREQUEST_METADATAENTRY']._serialized_end=1664
+  _globals['_UPDATEQUEUEMETADATARESPONSE']._serialized_start=1831
+  _globals['_UPDATEQUEUEMETADATARESPONSE']._serialized_end=1860
+  _globals['_FLUSHQUEUEREQUEST']._serialized_start=1862
+  _globals['_FLUSHQUEUEREQUEST']._serialized_end=1896
+  _globals['_FLUSHQUEUERESPONSE']._serialized_start=1898
+  _globals['_FLUSHQUEUERESPONSE']._serialized_end=1918
+  _globals['_CLOSEQUEUEREQUEST']._serialized_start=1920
+  _globals['_CLOSEQUEUEREQUEST']._serialized_end=1954
+  _globals['_CLOSEQUEUERESPONSE']._serialized_start=1956
+  _globals['_CLOSEQUEUERESPONSE']._serialized_end=1976
+  _globals['_QUEUESERVICE']._serialized_start=1979
+  _globals['_QUEUESERVICE']._serialized_end=2774
 # @@protoc_insertion_point(module_scope)

@@ -73,7 +73,7 @@ class PushResponse(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ..., duplicate: _Optional[bool] = ...) -> None: ...
 
 class ConsumeRequest(_message.Message):
-    __slots__ = ("queue", "mode", "from_id", "from_latest", "max", "prefetch", "visibility_timeout")
+    __slots__ = ("queue", "mode", "from_id", "from_latest", "max", "prefetch", "visibility_timeout", "batch")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     FROM_ID_FIELD_NUMBER: _ClassVar[int]
@@ -81,6 +81,7 @@ class ConsumeRequest(_message.Message):
     MAX_FIELD_NUMBER: _ClassVar[int]
     PREFETCH_FIELD_NUMBER: _ClassVar[int]
     VISIBILITY_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     queue: str
     mode: _types_pb2.ConsumeMode
     from_id: int
@@ -88,19 +89,28 @@ class ConsumeRequest(_message.Message):
     max: int
     prefetch: int
     visibility_timeout: _duration_pb2.Duration
-    def __init__(self, queue: _Optional[str] = ..., mode: _Optional[_Union[_types_pb2.ConsumeMode, str]] = ..., from_id: _Optional[int] = ..., from_latest: _Optional[bool] = ..., max: _Optional[int] = ..., prefetch: _Optional[int] = ..., visibility_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    batch: bool
+    def __init__(self, queue: _Optional[str] = ..., mode: _Optional[_Union[_types_pb2.ConsumeMode, str]] = ..., from_id: _Optional[int] = ..., from_latest: _Optional[bool] = ..., max: _Optional[int] = ..., prefetch: _Optional[int] = ..., visibility_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., batch: _Optional[bool] = ...) -> None: ...
 
 class ConsumeResponse(_message.Message):
-    __slots__ = ("started", "delivery", "heartbeat", "state")
+    __slots__ = ("started", "delivery", "heartbeat", "state", "batch")
     STARTED_FIELD_NUMBER: _ClassVar[int]
     DELIVERY_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     started: ConsumeStarted
     delivery: _types_pb2.Delivery
     heartbeat: _types_pb2.Heartbeat
     state: _types_pb2.StateEvent
-    def __init__(self, started: _Optional[_Union[ConsumeStarted, _Mapping]] = ..., delivery: _Optional[_Union[_types_pb2.Delivery, _Mapping]] = ..., heartbeat: _Optional[_Union[_types_pb2.Heartbeat, _Mapping]] = ..., state: _Optional[_Union[_types_pb2.StateEvent, _Mapping]] = ...) -> None: ...
+    batch: DeliveryBatch
+    def __init__(self, started: _Optional[_Union[ConsumeStarted, _Mapping]] = ..., delivery: _Optional[_Union[_types_pb2.Delivery, _Mapping]] = ..., heartbeat: _Optional[_Union[_types_pb2.Heartbeat, _Mapping]] = ..., state: _Optional[_Union[_types_pb2.StateEvent, _Mapping]] = ..., batch: _Optional[_Union[DeliveryBatch, _Mapping]] = ...) -> None: ...
+
+class DeliveryBatch(_message.Message):
+    __slots__ = ("deliveries",)
+    DELIVERIES_FIELD_NUMBER: _ClassVar[int]
+    deliveries: _containers.RepeatedCompositeFieldContainer[_types_pb2.Delivery]
+    def __init__(self, deliveries: _Optional[_Iterable[_Union[_types_pb2.Delivery, _Mapping]]] = ...) -> None: ...
 
 class ConsumeStarted(_message.Message):
     __slots__ = ("consumer_id",)
