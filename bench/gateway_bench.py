@@ -121,11 +121,13 @@ class GatewayTransport:
         await self.stub.Push(pb.PushRequest(queue=name, messages=messages), metadata=AUTH)
 
     async def consume(self, name: str, on_message: Callable[[bytes], None]) -> None:
-        call = self.stub.Consume(pb.ConsumeRequest(queue=name, prefetch=200), metadata=AUTH)
+        request = pb.ConsumeRequest(queue=name, prefetch=200, batch=True)
+        call = self.stub.Consume(request, metadata=AUTH)
         try:
             async for response in call:
-                if response.HasField("delivery"):
-                    on_message(response.delivery.message.payload)
+                if response.HasField("batch"):
+                    for delivery in response.batch.deliveries:
+                        on_message(delivery.message.payload)
         except asyncio.CancelledError:
             call.cancel()
             raise
