@@ -522,7 +522,8 @@ async def list_consume(run: Run, lane: Lane, client: aioredis.Redis, key: str) -
             await run.consumer_error(lane, exc)
             continue
         if reply:
-            for payload in reply[1]:
+            payloads: list[bytes] = reply[1]  # type: ignore[assignment]
+            for payload in payloads:
                 take(lane, payload)
 
 
@@ -856,17 +857,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     VERBOSE = args.verbose
     if args.render:
         saved = json.loads(args.render.read_text())
-        config = Config(
-            **{
-                k: tuple(map(tuple, v)) if k == "bus_settings" else v
-                for k, v in saved["config"].items()
-            }
-        )
+        fields: dict[str, Any] = dict(saved["config"])
+        fields["bus_settings"] = tuple(map(tuple, fields.get("bus_settings", ())))
+        fields.setdefault("max_connections", 0)
+        config = Config(**fields)
         print(report(config, [Result(**r) for r in saved["results"]]))
         return 0
     with contextlib.suppress(KeyboardInterrupt):
         if args.uvloop:
-            import uvloop
+            import uvloop  # type: ignore[import-not-found,unused-ignore]
 
             uvloop.run(main_async(args))
         else:
