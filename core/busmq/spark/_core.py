@@ -1,0 +1,385 @@
+"""Everything the Spark data source does with Redis, without pyspark.
+
+Options are parsed and checked here (in the driver, before any job runs); executors
+then read and write with a sync ``redis.Redis`` client, which is what runs simplest
+inside Spark's Python workers. Placement is busmq's: rendezvous hashing over the
+shard list, probing in rank order for a queue that already exists (``Bus._locate``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+from ..keys import QueueKeys, validate_name
+from ..message import F_HEADERS, F_KIND, F_PAYLOAD, F_TIME, PayloadKind
+from ..settings import mask_url, validate_redis_url
+from ..shard import shard_identity
+from ..sharding import rank
+
+if TYPE_CHECKING:
+    import redis
+
+KIND_NAMES = {PayloadKind.BYTES.value: "bytes", PayloadKind.TEXT.value: "text", b"j": "json"}
+DEFAULT_CHUNK = 100_000
+READ_PAGE = 5_000
+WRITE_BATCH = 500
+DEFAULT_MAX_ROWS_PER_TRIGGER = 10_000
+DEFAULT_DEDUPE_SECONDS = 600.0
+DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
+
+
+class OptionError(ValueError):
+    """A bad option of the ``busmq`` data source."""
+
+
+# -- options ---------------------------------------------------------------------------
+
+
+def _get(options: Mapping[str, str], name: str) -> str | None:
+    # Spark hands options over case-insensitively (lower-cased keys in some paths).
+    if name in options:
+        return options[name]
+    lowered = {k.lower(): v for k, v in options.items()}
+    return lowered.get(name.lower())
+
+
+def parse_urls(options: Mapping[str, str]) -> tuple[str, ...]:
+    raw = _get(options, "redis_urls")
+    if not raw or not raw.strip():
+        raise OptionError("option 'redis_urls' is required (comma-separated shard URLs)")
+    urls = tuple(u.strip() for u in raw.split(",") if u.strip())
+    for url in urls:
+        try:
+            validate_redis_url(url)
+        except ValueError as exc:
+            raise OptionError(f"option 'redis_urls': {exc}") from None
+    if len(set(urls)) != len(urls):
+        raise OptionError("option 'redis_urls' lists the same shard twice")
+    return urls
+
+
+def parse_queues(options: Mapping[str, str], name: str = "queues") -> tuple[str, ...]:
+    raw = _get(options, name)
+    if not raw or not raw.strip():
+        raise OptionError(f"option '{name}' is required")
+    queues = tuple(q.strip() for q in raw.split(",") if q.strip())
+    for queue in queues:
+        try:
+            validate_name(queue)
+        except ValueError as exc:
+            raise OptionError(f"option '{name}': {exc}") from None
+    if len(set(queues)) != len(queues):
+        raise OptionError(f"option '{name}' lists a queue twice")
+    return queues
+
+
+def parse_int(
+    options: Mapping[str, str], name: str, default: int | None, minimum: int
+) -> int | None:
+    raw = _get(options, name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise OptionError(f"option '{name}' must be an integer, got {raw!r}") from None
+    if value < minimum:
+        raise OptionError(f"option '{name}' must be >= {minimum}, got {value}")
+    return value
+
+
+def parse_float(options: Mapping[str, str], name: str, default: float) -> float:
+    raw = _get(options, name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise OptionError(f"option '{name}' must be a number, got {raw!r}") from None
+    if not value > 0:
+        raise OptionError(f"option '{name}' must be positive, got {raw!r}")
+    return value
+
+
+def parse_bool(options: Mapping[str, str], name: str, default: bool = False) -> bool:
+    raw = _get(options, name)
+    if raw is None or raw.strip() == "":
+        return default
+    value = raw.strip().lower()
+    if value in ("true", "1", "yes"):
+        return True
+    if value in ("false", "0", "no"):
+        return False
+    raise OptionError(f"option '{name}' must be true or false, got {raw!r}")
+
+
+def parse_choice(options: Mapping[str, str], name: str, choices: Sequence[str]) -> str:
+    raw = _get(options, name)
+    value = (raw or choices[0]).strip().lower()
+    if value not in choices:
+        raise OptionError(f"option '{name}' must be one of {', '.join(choices)}, got {raw!r}")
+    return value
+
+
+# -- placement -------------------------------------------------------------------------
+
+
+def client(url: str) -> redis.Redis:
+    import redis
+
+    return redis.Redis.from_url(url, socket_connect_timeout=5.0, socket_timeout=30.0)
+
+
+def _ranked(urls: Sequence[str], name: str) -> list[str]:
+    return [urls[i] for i in rank([shard_identity(u) for u in urls], name)]
+
+
+def locate(urls: Sequence[str], name: str) -> tuple[str, bool]:
+    """The shard URL holding queue ``name`` (or where it is to be created) and whether it
+    exists: shards are probed in rendezvous order, the first holding it wins."""
+    order = _ranked(urls, name)
+    info = QueueKeys(name).info
+    for url in order:
+        try:
+            with client(url) as c:
+                if c.exists(info):
+                    return url, True
+        except Exception as exc:
+            raise OptionError(f"cannot reach Redis shard {mask_url(url)}: {exc}") from None
+    return order[0], False
+
+
+def locate_existing(urls: Sequence[str], name: str) -> str:
+    url, exists = locate(urls, name)
+    if not exists:
+        raise OptionError(f"unknown queue {name!r}: it does not exist on any shard (attach it)")
+    return url
+
+
+def last_id(url: str, name: str) -> int:
+    with client(url) as c:
+        return int(c.hget(QueueKeys(name).info, "seq") or 0)
+
+
+def first_id(url: str, name: str) -> int | None:
+    with client(url) as c:
+        head = c.xrange(QueueKeys(name).stream, "-", "+", count=1)
+    return int(head[0][0].split(b"-")[0]) if head else None
+
+
+# -- reading ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Span:
+    """Ids ``low..high`` (inclusive) of one queue on one shard."""
+
+    url: str
+    queue: str
+    low: int
+    high: int
+
+
+def split(url: str, queue: str, low: int, high: int, chunk: int) -> list[Span]:
+    return [Span(url, queue, lo, min(lo + chunk - 1, high)) for lo in range(low, high + 1, chunk)]
+
+
+@dataclass
+class Page:
+    """Columns of up to ``READ_PAGE`` messages of one queue."""
+
+    ids: list[int]
+    payloads: list[bytes]
+    kinds: list[str]
+    headers: list[list[tuple[str, str]] | None]
+    stamps: list[int]  # Unix ms
+    json: list[str | None]
+
+
+def read_pages(span: Span) -> Iterator[Page]:
+    """The messages of ``span`` in id order, a page (one XRANGE) at a time."""
+    stream = QueueKeys(span.queue).stream
+    low = span.low
+    with client(span.url) as c:
+        while low <= span.high:
+            entries = c.xrange(stream, f"{low}-0", f"{span.high}-0", count=READ_PAGE)
+            if not entries:
+                return
+            page = Page([], [], [], [], [], [])
+            for entry_id, fields in entries:
+                payload = fields.get(F_PAYLOAD, b"")
+                kind = fields.get(F_KIND, b"b")
+                raw_headers = fields.get(F_HEADERS)
+                page.ids.append(int(entry_id[: entry_id.index(b"-")]))
+                page.payloads.append(payload)
+                page.kinds.append(KIND_NAMES.get(kind) or kind.decode())
+                page.headers.append(list(json.loads(raw_headers).items()) if raw_headers else [])
+                page.stamps.append(int(fields.get(F_TIME, b"0")))
+                page.json.append(payload.decode("utf-8") if kind == b"j" else None)
+            yield page
+            if len(entries) < READ_PAGE:
+                return
+            low = page.ids[-1] + 1
+
+
+# -- offsets ---------------------------------------------------------------------------
+
+
+def parse_offset(raw: str | Mapping[str, Any], queues: Sequence[str]) -> dict[str, int]:
+    """A stream offset ``{queue: last id}``, checked against the queues read."""
+    try:
+        value = json.loads(raw) if isinstance(raw, str) else dict(raw)
+    except ValueError:
+        raise OptionError(f"bad busmq offset {raw!r}: not JSON") from None
+    if not isinstance(value, dict):
+        raise OptionError(f"bad busmq offset {raw!r}: not a JSON object")
+    offset: dict[str, int] = {}
+    for queue in queues:
+        position = value.get(queue, 0)
+        if isinstance(position, bool) or not isinstance(position, int) or position < 0:
+            raise OptionError(f"bad busmq offset {raw!r}: {queue!r} needs a non-negative integer")
+        offset[queue] = position
+    return offset
+
+
+def bounded_end(start: Mapping[str, int], latest: Mapping[str, int], budget: int) -> dict[str, int]:
+    """The end offset of the next micro-batch: at most ``budget`` new ids in all, shared
+    fairly between queues (round robin), never moving any queue backwards."""
+    end = {q: max(start.get(q, 0), latest.get(q, 0)) for q in latest}
+    backlog = {q: end[q] - start.get(q, 0) for q in end}
+    if sum(backlog.values()) <= budget:
+        return end
+    grant = dict.fromkeys(end, 0)
+    left = budget
+    pending = [q for q in end if backlog[q] > 0]
+    while left > 0 and pending:
+        share = max(left // len(pending), 1)
+        for q in list(pending):
+            take = min(share, backlog[q] - grant[q], left)
+            grant[q] += take
+            left -= take
+            if grant[q] >= backlog[q]:
+                pending.remove(q)
+            if left == 0:
+                break
+    return {q: start.get(q, 0) + grant[q] for q in end}
+
+
+# -- writing ---------------------------------------------------------------------------
+
+
+@cache
+def push_script() -> str:
+    """The core's push script (prelude + push.lua), run unchanged by the writers."""
+    lua = resources.files("busmq") / "lua"
+    return (lua / "prelude.lua").read_text() + "\n" + (lua / "push.lua").read_text()
+
+
+@cache
+def attach_script() -> str:
+    lua = resources.files("busmq") / "lua"
+    return (lua / "prelude.lua").read_text() + "\n" + (lua / "attach.lua").read_text()
+
+
+def attach(
+    url: str, name: str, member: str, lease_seconds: float, ttl_seconds: float, create: bool
+) -> bool:
+    """Attach (or renew) ``member``'s lease on queue ``name``; returns whether it exists."""
+    keys = QueueKeys(name)
+    with client(url) as c:
+        reply = c.eval(
+            attach_script(),
+            4,
+            *keys.all(),
+            member,
+            int(lease_seconds * 1000),
+            int(ttl_seconds * 1000),
+            "1" if create else "0",
+            "",
+            "",
+            "",
+        )
+    return int(reply[0]) >= 0
+
+
+@dataclass
+class PushOutcome:
+    pushed: int = 0
+    duplicates: int = 0
+    first_id: int | None = None
+    last_id: int | None = None
+
+
+def push(
+    c: redis.Redis,
+    name: str,
+    flat: list[bytes | str],
+    request_id: str,
+    dedupe_seconds: float,
+) -> tuple[int, bool]:
+    """EVAL the core's push script: ``flat`` holds (payload, kind, headers) triples.
+    Returns (first id, duplicate)."""
+    keys = QueueKeys(name)
+    import redis as redis_module
+
+    try:
+        first, duplicate = c.eval(
+            push_script(),
+            3,
+            keys.info,
+            keys.stream,
+            keys.dedupe_prefix + request_id,
+            int(dedupe_seconds * 1000),
+            keys.notify_channel,
+            *flat,
+        )
+    except redis_module.ResponseError as exc:
+        text = str(exc)
+        if "NOQUEUE" in text:
+            raise RuntimeError(f"busmq queue {name!r} does not exist (attach it first)") from None
+        if text.startswith("FULL"):
+            raise RuntimeError(f"busmq queue {name!r} is full ({text})") from None
+        raise
+    return int(first), bool(duplicate)
+
+
+def encode_row(
+    payload: Any, headers: Mapping[str, str] | None, kind: str, limit: int
+) -> tuple[bytes, bytes, bytes]:
+    """(payload, kind, headers) as push.lua stores them, checked like the core does."""
+    if payload is None:
+        raise ValueError("busmq writer: a row has a null payload")
+    if isinstance(payload, bytes | bytearray | memoryview):
+        data = bytes(payload)
+        code = PayloadKind.BYTES.value
+    elif isinstance(payload, str):
+        data = payload.encode("utf-8")
+        code = PayloadKind.TEXT.value
+    else:
+        raise ValueError(f"busmq writer: payload must be binary or string, got {type(payload)}")
+    if kind == "json":
+        try:
+            json.loads(data)
+        except ValueError:
+            raise ValueError(f"busmq writer: payload is not JSON: {data[:80]!r}") from None
+        code = PayloadKind.JSON.value
+    elif kind == "text":
+        code = PayloadKind.TEXT.value
+    elif kind == "bytes":
+        code = PayloadKind.BYTES.value
+    encoded_headers = b""
+    if headers:
+        for key, val in headers.items():
+            if not isinstance(key, str) or not key or not isinstance(val, str):
+                raise ValueError(f"busmq writer: headers must map non-empty str to str: {key!r}")
+        encoded_headers = json.dumps(dict(headers), separators=(",", ":")).encode()
+    if len(data) + len(encoded_headers) > limit:
+        raise ValueError(
+            f"busmq writer: message of {len(data) + len(encoded_headers)} bytes exceeds {limit}"
+        )
+    return data, code, encoded_headers

@@ -1,0 +1,401 @@
+"""The ``busmq`` PySpark data source: batch and streaming reads, batch and streaming writes.
+
+Reads are non-destructive (XRANGE on the queue's stream, the replay semantics); writes
+run the core's push script, with a ``request_id`` per batch of rows that is the same in
+every attempt of a Spark task, so a retried task stores nothing twice.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import (
+    BinaryType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from . import _core
+from ._core import OptionError, Span
+
+SCHEMA = StructType(
+    [
+        StructField("queue", StringType(), True),
+        StructField("id", LongType(), True),
+        StructField("payload", BinaryType(), True),
+        StructField("kind", StringType(), True),
+        StructField("headers", MapType(StringType(), StringType(), True), True),
+        StructField("timestamp", TimestampType(), True),
+    ]
+)
+JSON_FIELD = StructField("json", StringType(), True)
+
+_ARROW_HEADERS = pa.map_(pa.string(), pa.string())
+_ARROW_TIME = pa.timestamp("us", tz="UTC")
+
+
+def _schema(decode_json: bool) -> StructType:
+    return StructType([*SCHEMA.fields, JSON_FIELD]) if decode_json else SCHEMA
+
+
+class BusDataSource(DataSource):
+    """``spark.read.format("busmq")``: see the module docs of :mod:`busmq.spark` for options."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "busmq"
+
+    def schema(self) -> StructType:
+        # Called when a read is defined (``load()``): check what needs no Redis now.
+        _check_read_options(self.options)
+        return _schema(_core.parse_bool(self.options, "decode_json"))
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return BusReader(self.options)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return BusStreamReader(self.options)
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        return BusWriter(_write_config(self.options, schema, overwrite))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        return BusStreamWriter(_write_config(self.options, schema, overwrite, streaming=True))
+
+
+# -- reading ---------------------------------------------------------------------------
+
+
+class SpanPartition(InputPartition):
+    """One queue's ids ``low..high`` on its shard (``None``: nothing to read)."""
+
+    def __init__(self, span: Span | None) -> None:
+        super().__init__(span)
+        self.span = span
+
+
+def _batches(span: Span | None, decode_json: bool) -> Iterator[pa.RecordBatch]:
+    if span is None:
+        return
+    names = _schema(decode_json).fieldNames()
+    for page in _core.read_pages(span):
+        n = len(page.ids)
+        columns = [
+            pa.array([span.queue] * n, pa.string()),
+            pa.array(page.ids, pa.int64()),
+            pa.array(page.payloads, pa.binary()),
+            pa.array(page.kinds, pa.string()),
+            pa.array(page.headers, _ARROW_HEADERS),
+            pa.array([ms * 1000 for ms in page.stamps], _ARROW_TIME),
+        ]
+        if decode_json:
+            columns.append(pa.array(page.json, pa.string()))
+        yield pa.RecordBatch.from_arrays(columns, names=names)
+
+
+def _partitions(spans: Sequence[Span]) -> list[InputPartition]:
+    # Spark needs at least one partition even when there is nothing to read.
+    return [SpanPartition(s) for s in spans] or [SpanPartition(None)]
+
+
+def _check_read_options(options: Mapping[str, str]) -> None:
+    _core.parse_urls(options)
+    _core.parse_queues(options)
+    _core.parse_int(options, "partition_size", _core.DEFAULT_CHUNK, 1)
+    start = _core.parse_int(options, "start_id", None, 0)
+    end = _core.parse_int(options, "end_id", None, 0)
+    if start is not None and end is not None and start > end:
+        raise OptionError(f"option 'start_id' ({start}) is greater than 'end_id' ({end})")
+    _core.parse_choice(options, "starting", ("earliest", "latest"))
+    _core.parse_int(options, "max_rows_per_trigger", _core.DEFAULT_MAX_ROWS_PER_TRIGGER, 1)
+
+
+class _Source:
+    """Options shared by the batch and the streaming reader, checked in the driver."""
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        self.decode_json = _core.parse_bool(options, "decode_json")
+        urls = _core.parse_urls(options)
+        self.queues = _core.parse_queues(options)
+        self.chunk = _core.parse_int(options, "partition_size", _core.DEFAULT_CHUNK, 1) or 1
+        self.locations = {q: _core.locate_existing(urls, q) for q in self.queues}
+
+    def last_ids(self) -> dict[str, int]:
+        return {q: _core.last_id(self.locations[q], q) for q in self.queues}
+
+
+class BusReader(_Source, DataSourceReader):
+    """Batch read of ids ``start_id..end_id`` (inclusive) of each queue, as of planning."""
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        _check_read_options(options)
+        start = _core.parse_int(options, "start_id", None, 0)
+        end = _core.parse_int(options, "end_id", None, 0)
+        super().__init__(options)
+        self.spans: list[Span] = []
+        for queue, url in self.locations.items():
+            first = _core.first_id(url, queue)
+            if first is None:
+                continue
+            last = _core.last_id(url, queue)
+            low = max(start or 1, first)
+            high = last if end is None else min(end, last)
+            if low <= high:
+                self.spans += _core.split(url, queue, low, high, self.chunk)
+
+    def partitions(self) -> Sequence[InputPartition]:
+        return _partitions(self.spans)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, SpanPartition)
+        return _batches(partition.span, self.decode_json)
+
+
+class BusStreamReader(_Source, DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batches of new messages; offsets are ``{queue: last id read}``."""
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        self.starting = _core.parse_choice(options, "starting", ("earliest", "latest"))
+        self.max_rows = (
+            _core.parse_int(options, "max_rows_per_trigger", _core.DEFAULT_MAX_ROWS_PER_TRIGGER, 1)
+            or 1
+        )
+        super().__init__(options)
+        self.target: dict[str, int] | None = None
+
+    def initialOffset(self) -> dict[str, int]:
+        if self.starting == "latest":
+            return self.last_ids()
+        return dict.fromkeys(self.queues, 0)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.max_rows)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.target = self.last_ids()
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, int]:
+        begin = _core.parse_offset(start, self.queues)
+        latest = self.target if self.target is not None else self.last_ids()
+        if isinstance(limit, ReadAllAvailable):
+            return {q: max(begin[q], latest[q]) for q in self.queues}
+        budget = limit.max_rows if isinstance(limit, ReadMaxRows) else self.max_rows
+        return _core.bounded_end(begin, latest, budget)
+
+    def reportLatestOffset(self) -> dict[str, int]:
+        return self.last_ids()
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        begin = _core.parse_offset(start, self.queues)
+        finish = _core.parse_offset(end, self.queues)
+        spans: list[Span] = []
+        for queue in self.queues:
+            if finish[queue] > begin[queue]:
+                url = self.locations[queue]
+                spans += _core.split(url, queue, begin[queue] + 1, finish[queue], self.chunk)
+        return _partitions(spans)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, SpanPartition)
+        return _batches(partition.span, self.decode_json)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Nothing to release: reads are non-destructive."""
+
+
+# -- writing ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WriteConfig:
+    url: str
+    queue: str
+    kind: str
+    batch_size: int
+    dedupe_seconds: float
+    max_message_bytes: int
+    payload_index: int
+    headers_index: int | None
+    job: str
+    lease_member: str | None
+    lease_seconds: float
+    fail_after_rows: int | None
+    streaming: bool = False
+
+
+def _write_config(
+    options: Mapping[str, str], schema: StructType, overwrite: bool, *, streaming: bool = False
+) -> WriteConfig:
+    if overwrite:
+        raise OptionError("the busmq sink only appends: use mode('append')")
+    urls = _core.parse_urls(options)
+    queues = _core.parse_queues(options, "queue")
+    if len(queues) != 1:
+        raise OptionError("option 'queue' names exactly one queue")
+    queue = queues[0]
+    names = schema.fieldNames()
+    if "payload" not in names:
+        raise OptionError(f"the busmq sink needs a 'payload' column, got columns {names}")
+    payload_type = schema["payload"].dataType
+    if not isinstance(payload_type, BinaryType | StringType):
+        raise OptionError(f"column 'payload' must be binary or string, not {payload_type}")
+    headers_index = None
+    if "headers" in names:
+        headers_type = schema["headers"].dataType
+        if not (
+            isinstance(headers_type, MapType)
+            and isinstance(headers_type.keyType, StringType)
+            and isinstance(headers_type.valueType, StringType)
+        ):
+            raise OptionError(f"column 'headers' must be map<string,string>, not {headers_type}")
+        headers_index = names.index("headers")
+    kind = _core.parse_choice(options, "kind", ("auto", "bytes", "text", "json"))
+    create = _core.parse_bool(options, "create")
+    ttl = _core.parse_float(options, "ttl", 600.0)
+    write_id = _core._get(options, "write_id")
+    if write_id is not None and not 1 <= len(write_id) <= 100:
+        raise OptionError("option 'write_id' must be 1-100 characters")
+    job = write_id or uuid.uuid4().hex
+    url, exists = _core.locate(urls, queue)
+    member = None
+    if create:
+        member = f"spark:{job}"
+        _core.attach(url, queue, member, ttl, ttl, create=True)
+    elif not exists:
+        raise OptionError(f"unknown queue {queue!r}: attach it first, or set option create=true")
+    return WriteConfig(
+        url=url,
+        queue=queue,
+        kind=kind,
+        batch_size=_core.parse_int(options, "batch_size", _core.WRITE_BATCH, 1) or 1,
+        dedupe_seconds=_core.parse_float(options, "dedupe_seconds", _core.DEFAULT_DEDUPE_SECONDS),
+        max_message_bytes=_core.parse_int(
+            options, "max_message_bytes", _core.DEFAULT_MAX_MESSAGE_BYTES, 1
+        )
+        or 1,
+        payload_index=names.index("payload"),
+        headers_index=headers_index,
+        job=job,
+        lease_member=member,
+        lease_seconds=ttl,
+        fail_after_rows=_core.parse_int(options, "fail_after_rows", None, 1),
+        streaming=streaming and write_id is None,
+    )
+
+
+@dataclass
+class PushCommit(WriterCommitMessage):
+    """What one task stored: messages pushed and batches found already stored."""
+
+    pushed: int
+    duplicates: int
+
+
+def _write_task(config: WriteConfig, rows: Iterator[Any]) -> PushCommit:
+    """Push the rows of one task in batches. Request ids are
+    ``spark-<job>-<micro-batch>-<partition>-<batch index>``: identical in every attempt of
+    the task, so the push script's dedupe keys make a retried task store each batch once.
+    ``<job>`` is option ``write_id`` if given, else the streaming query's id for a
+    streaming sink (so a micro-batch re-run after a restart is stored once too), else
+    an id drawn when the write was planned."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    partition = context.partitionId() if context else 0
+    attempt = context.attemptNumber() if context else 0
+    job = config.job
+    micro_batch = "b"
+    if context is not None:
+        if config.streaming:
+            job = context.getLocalProperty("sql.streaming.queryId") or job
+        micro_batch = context.getLocalProperty("streaming.sql.batchId") or "b"
+    if config.lease_member is not None:
+        _core.attach(
+            config.url,
+            config.queue,
+            config.lease_member,
+            config.lease_seconds,
+            config.lease_seconds,
+            create=False,
+        )
+    result = PushCommit(0, 0)
+    flat: list[bytes | str] = []
+    count = index = seen = 0
+    with _core.client(config.url) as client:
+
+        def flush() -> None:
+            nonlocal flat, count, index
+            request_id = f"spark-{job}-{micro_batch}-{partition}-{index}"
+            _, duplicate = _core.push(client, config.queue, flat, request_id, config.dedupe_seconds)
+            if duplicate:
+                result.duplicates += 1
+            else:
+                result.pushed += count
+            flat, count, index = [], 0, index + 1
+
+        for row in rows:
+            headers = row[config.headers_index] if config.headers_index is not None else None
+            flat += _core.encode_row(
+                row[config.payload_index], headers, config.kind, config.max_message_bytes
+            )
+            count += 1
+            seen += 1
+            if count >= config.batch_size:
+                flush()
+                fail_at = config.fail_after_rows
+                if fail_at is not None and attempt == 0 and seen >= fail_at:
+                    raise RuntimeError(f"busmq test: injected failure after {seen} rows")
+        if count:
+            flush()
+    return result
+
+
+class BusWriter(DataSourceWriter):
+    def __init__(self, config: WriteConfig) -> None:
+        self.config = config
+
+    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        return _write_task(self.config, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        """Every batch is already stored by its task."""
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        """Stored batches stay (a queue has no transactions); a re-run dedupes them."""
+
+
+class BusStreamWriter(DataSourceStreamWriter):
+    def __init__(self, config: WriteConfig) -> None:
+        self.config = config
+
+    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        return _write_task(self.config, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """Every batch is already stored by its task."""
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """Stored batches stay; re-running the micro-batch dedupes them."""

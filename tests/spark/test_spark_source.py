@@ -1,0 +1,266 @@
+"""The busmq PySpark data source against real Redis shards placed by the bus."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from busmq import Bus, Mode
+from busmq.spark._core import locate
+from tests.conftest import fast_settings
+from tests.support.redis_server import RedisServer
+
+pytestmark = pytest.mark.spark
+
+QUEUES = [f"events-{i}" for i in range(5)]
+
+
+def _value(queue: str, i: int) -> Any:
+    """A mix of payload kinds and headers, reproducible from (queue, i)."""
+    if i % 3 == 0:
+        return (f"{queue}:{i}".encode(), None)
+    if i % 3 == 1:
+        return (f"text {queue} {i}", {"n": str(i)})
+    return ({"queue": queue, "i": i}, None)
+
+
+async def _push(urls: list[str], queues: list[str], per_queue: list[range]) -> dict[str, list[int]]:
+    """Push ``per_queue[k]`` values to ``queues[k]`` through the bus; returns the ids."""
+    ids: dict[str, list[int]] = {}
+    async with Bus(fast_settings(urls, default_ttl=600.0)) as bus:
+        for name, values in zip(queues, per_queue, strict=True):
+            queue = bus.queue(name)
+            await queue.attach(ttl=600.0, auto_renew=False)
+            items = [_value(name, i) for i in values]
+            ids[name] = []
+            for start in range(0, len(items), 1000):
+                ids[name] += await queue.push_batch(items[start : start + 1000])
+    return ids
+
+
+def _expected_payload(queue: str, i: int) -> bytes:
+    value, _ = _value(queue, i)
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    import json
+
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def _reader(spark: Any, urls: list[str], queues: list[str], **options: Any) -> Any:
+    reader = spark.read.format("busmq").option("redis_urls", ",".join(urls))
+    reader = reader.option("queues", ",".join(queues))
+    for key, val in options.items():
+        reader = reader.option(key, str(val))
+    return reader
+
+
+async def test_batch_read_across_three_shards(spark: Any, shards: list[RedisServer]) -> None:
+    urls = [s.url for s in shards]
+    per_queue = [range(2000)] * len(QUEUES)  # 10,000 messages
+    ids = await _push(urls, QUEUES, per_queue)
+    # The bus spread the queues over more than one shard.
+    assert len({locate(urls, q)[0] for q in QUEUES}) > 1
+
+    df = _reader(spark, urls, QUEUES, partition_size=700, decode_json="true").load()
+    assert df.rdd.getNumPartitions() == len(QUEUES) * 3  # 2000 ids in chunks of 700
+    rows = df.collect()
+    assert len(rows) == 10_000
+    got: dict[str, list[Any]] = defaultdict(list)
+    for row in rows:
+        got[row.queue].append(row)
+    for name in QUEUES:
+        assert [r.id for r in got[name]] == ids[name] == list(range(1, 2001))
+        assert [r.payload for r in got[name]] == [_expected_payload(name, i) for i in range(2000)]
+        assert [r.kind for r in got[name][:3]] == ["bytes", "text", "json"]
+        assert got[name][1].headers == {"n": "1"}
+        assert got[name][2].json == f'{{"queue":"{name}","i":2}}'
+
+    subset = _reader(spark, urls, QUEUES[:1], start_id=10, end_id=19).load().collect()
+    assert [r.id for r in subset] == list(range(10, 20))
+
+
+def _stream_once(spark: Any, urls: list[str], out: Path, checkpoint: Path) -> list[int]:
+    """One availableNow run; returns the input rows of each micro-batch."""
+    stream = (
+        spark.readStream.format("busmq")
+        .option("redis_urls", ",".join(urls))
+        .option("queues", "waves-a,waves-b")
+        .option("max_rows_per_trigger", "700")
+        .load()
+    )
+    query = (
+        stream.select("queue", "id", "payload")
+        .writeStream.format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(60)
+    assert query.exception() is None
+    query.stop()
+    return [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+
+
+async def test_streaming_resumes_from_checkpoint_exactly_once(
+    spark: Any, shards: list[RedisServer], tmp_path: Path
+) -> None:
+    urls = [s.url for s in shards]
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    queues = ["waves-a", "waves-b"]
+    pushed: dict[str, list[int]] = defaultdict(list)
+    for wave in range(3):
+        ids = await _push(urls, queues, [range(wave * 600, (wave + 1) * 600), range(300)])
+        for name in queues:
+            pushed[name] += ids[name]
+        if wave == 1:
+            continue  # stopped after wave 0; waves 1 and 2 are read after restarts
+        # Each availableNow run is a new start from the checkpoint.
+        batches = await asyncio.to_thread(_stream_once, spark, urls, out, checkpoint)
+        # max_rows_per_trigger=700 bounds every micro-batch.
+        assert max(batches) <= 700 and len(batches) >= 2, batches
+    rows = spark.read.parquet(str(out)).collect()
+    seen = sorted((r.queue, r.id) for r in rows)
+    assert len(seen) == len(set(seen)), "a message was written twice"
+    assert seen == sorted((q, i) for q in queues for i in pushed[q])
+    by_id = {(r.queue, r.id): r.payload for r in rows}
+    assert by_id[("waves-a", 1)] == _expected_payload("waves-a", 0)
+    assert by_id[("waves-a", 1800)] == _expected_payload("waves-a", 1799)
+
+
+async def test_write_with_task_retry_does_not_duplicate(
+    spark: Any, shards: list[RedisServer]
+) -> None:
+    urls = [s.url for s in shards]
+    from pyspark.sql import functions as F
+
+    df = spark.range(0, 10_000, numPartitions=2).select(
+        F.concat(F.lit("m"), F.col("id").cast("string")).alias("payload"),
+        F.create_map(F.lit("i"), F.col("id").cast("string")).alias("headers"),
+    )
+    writer = (
+        df.write.format("busmq")
+        .mode("append")
+        .option("redis_urls", ",".join(urls))
+        .option("queue", "written")
+        .option("create", "true")
+        .option("ttl", "600")
+        .option("fail_after_rows", "1200")  # attempt 0 of each task fails after 1500 rows
+    )
+    writer.save()  # blocking: no bus is connected meanwhile
+
+    async with Bus(fast_settings(urls)) as bus:
+        queue = bus.queue("written")
+        await queue.attach(ttl=600.0)
+        assert await queue.count() == 10_000
+        got = []
+        async with queue.consume(Mode.AT_MOST_ONCE, max=10_000, prefetch=1000) as consumer:
+            async for delivery in consumer:
+                got.append((delivery.id, delivery.data, dict(delivery.headers)))
+    assert [g[0] for g in got] == list(range(1, 10_001))
+    assert sorted(int(g[1][1:]) for g in got) == list(range(10_000))
+    assert all(g[2] == {"i": g[1][1:]} for g in got)
+    # Each task's rows keep their order: partition 0 holds 0..4999, partition 1 the rest.
+    low = [int(g[1][1:]) for g in got if int(g[1][1:]) < 5000]
+    assert low == sorted(low)
+
+
+async def test_bad_options_fail_before_any_job(spark: Any, shards: list[RedisServer]) -> None:
+    urls = [s.url for s in shards]
+    await _push(urls, ["known"], [range(3)])
+    good = ",".join(urls)
+    sc = spark.sparkContext
+    sc.setJobGroup("bad-options", "bad options")
+    cases: list[tuple[dict[str, str], str]] = [
+        ({"redis_urls": good, "queues": "missing"}, "unknown queue 'missing'"),
+        ({"redis_urls": "http://127.0.0.1:1", "queues": "known"}, "unsupported Redis URL"),
+        ({"queues": "known"}, "'redis_urls' is required"),
+        ({"redis_urls": good, "queues": "bad name!"}, "option 'queues'"),
+        ({"redis_urls": good, "queues": "known", "start_id": "x"}, "must be an integer"),
+        (
+            {"redis_urls": good, "queues": "known", "start_id": "5", "end_id": "2"},
+            "greater than 'end_id'",
+        ),
+        ({"redis_urls": good, "queues": "known", "decode_json": "maybe"}, "true or false"),
+    ]
+    for options, message in cases:
+        with pytest.raises(Exception, match=message):
+            spark.read.format("busmq").options(**options).load().collect()
+    with pytest.raises(Exception, match="max_rows_per_trigger"):
+        spark.readStream.format("busmq").options(
+            redis_urls=good, queues="known", max_rows_per_trigger="0"
+        ).load()
+    with pytest.raises(Exception, match="'starting' must be one of"):
+        spark.readStream.format("busmq").options(
+            redis_urls=good, queues="known", starting="middle"
+        ).load()
+    # An unknown queue in a stream: the query fails as it starts, before any batch.
+    query = (
+        spark.readStream.format("busmq")
+        .options(redis_urls=good, queues="missing")
+        .load()
+        .writeStream.format("memory")
+        .queryName("never")
+        .trigger(availableNow=True)
+        .start()
+    )
+    with pytest.raises(Exception, match="unknown queue 'missing'"):
+        query.awaitTermination(60)
+    df = spark.createDataFrame([(b"x",)], "payload binary")
+    with pytest.raises(Exception, match="attach it first, or set option create=true"):
+        df.write.format("busmq").mode("append").options(redis_urls=good, queue="nope").save()
+    with pytest.raises(Exception, match="only appends"):
+        df.write.format("busmq").mode("overwrite").options(redis_urls=good, queue="known").save()
+    no_payload = spark.createDataFrame([(1,)], "n int")
+    with pytest.raises(Exception, match="needs a 'payload' column"):
+        no_payload.write.format("busmq").mode("append").options(
+            redis_urls=good, queue="known"
+        ).save()
+    assert sc.statusTracker().getJobIdsForGroup("bad-options") == []
+    sc.setLocalProperty("spark.jobGroup.id", None)
+
+
+def _pipe_once(spark: Any, urls: list[str], checkpoint: Path) -> None:
+    query = (
+        spark.readStream.format("busmq")
+        .option("redis_urls", ",".join(urls))
+        .option("queues", "src")
+        .option("max_rows_per_trigger", "400")
+        .load()
+        .select("payload", "headers")
+        .writeStream.format("busmq")
+        .option("redis_urls", ",".join(urls))
+        .option("queue", "dst")
+        .option("create", "true")
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(60)
+    assert query.exception() is None
+
+
+async def test_streaming_sink_queue_to_queue(
+    spark: Any, shards: list[RedisServer], tmp_path: Path
+) -> None:
+    urls = [s.url for s in shards]
+    await _push(urls, ["src"], [range(1000)])
+    _pipe_once(spark, urls, tmp_path / "checkpoint")
+    _pipe_once(spark, urls, tmp_path / "checkpoint")  # restarted, nothing new: no copies
+    async with Bus(fast_settings(urls)) as bus:
+        dst = bus.queue("dst")
+        await dst.attach(ttl=600.0)
+        assert await dst.count() == 1000
+        got = []
+        async with dst.consume(Mode.REPLAY, from_id=0, max=1000) as consumer:
+            async for delivery in consumer:
+                got.append((delivery.payload, dict(delivery.headers)))
+    assert [g[0] for g in got] == [_expected_payload("src", i) for i in range(1000)]
+    assert got[1][1] == {"n": "1"}
