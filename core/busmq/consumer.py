@@ -27,13 +27,13 @@ from typing import TYPE_CHECKING, Any
 import redis.asyncio as aioredis
 import redis.exceptions as rex
 
+from .acks import AckBatcher
 from .errors import (
     BusClosedError,
     BusError,
     BusUnavailableError,
     ModeConflictError,
     QueueNotFoundError,
-    UnknownMessageError,
 )
 from .events import Event
 from .keys import CONSUMER_GROUP
@@ -112,7 +112,7 @@ class Consumer:
         self._reader: asyncio.Task[None] | None = None
         self._stopping = False
         self._finished = False
-        self._acks = _AckBatcher(queue.name, self._flush_acks)
+        self._acks = AckBatcher(queue.name, self._flush_acks)
         self._inflight: asyncio.Future[list[Delivery]] | None = None
         self._to_delete: list[bytes] = []  # at-most-once: read, to be deleted with the next read
         self._cursor = "0-0"  # replay: the last stream id read
@@ -457,45 +457,3 @@ async def _wait(event: asyncio.Event, timeout: float) -> None:
 
 class _GroupMissing(Exception):
     """The consumer group vanished (the stream expired or was recreated)."""
-
-
-class _AckBatcher:
-    """Coalesces acks issued in the same event-loop tick into one round trip."""
-
-    def __init__(self, queue: str, flush: Callable[[list[int]], Awaitable[list[int]]]) -> None:
-        self._queue = queue
-        self._flush_fn = flush
-        self._waiting: dict[int, list[asyncio.Future[None]]] = {}
-        self._task: asyncio.Task[None] | None = None
-
-    async def ack(self, message_id: int) -> None:
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting.setdefault(message_id, []).append(future)
-        if self._task is None:
-            self._task = asyncio.create_task(self._flush())
-        await future
-
-    async def drain(self) -> None:
-        if self._task is not None:
-            await asyncio.gather(self._task, return_exceptions=True)
-
-    async def _flush(self) -> None:
-        await asyncio.sleep(0)  # let acks made in this tick join the batch
-        waiting, self._waiting = self._waiting, {}
-        self._task = None
-        try:
-            unknown = set(await self._flush_fn(list(waiting)))
-        except BaseException as exc:
-            for futures in waiting.values():
-                for future in futures:
-                    if not future.done():
-                        future.set_exception(exc)
-            return
-        for message_id, futures in waiting.items():
-            for future in futures:
-                if future.done():
-                    continue
-                if message_id in unknown:
-                    future.set_exception(UnknownMessageError(self._queue, [message_id]))
-                else:
-                    future.set_result(None)

@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from ..acks import AckBatcher
 from ..consumer import LATEST, Mode
 from ..errors import (
     BusClosedError,
     BusError,
     BusTimeoutError,
-    UnknownMessageError,
 )
 from ..events import Event
 from ..message import Delivery
@@ -118,7 +118,7 @@ class FederatedConsumer:
         self._reader: asyncio.Task[None] | None = None
         self._stopping = False
         self._finished = False
-        self._acks = _AckBatcher(queue.name, queue._ack_ids)
+        self._acks = AckBatcher(queue.name, queue._ack_ids)
 
     def __repr__(self) -> str:
         return f"<FederatedConsumer {self.queue.name!r} {self.mode.value} {self.name or '-'}>"
@@ -419,45 +419,3 @@ class FederatedConsumer:
             self._buffer.put_nowait(item)
         self._room.set()
         return dropped
-
-
-class _AckBatcher:
-    """Coalesces acks issued in the same event-loop tick into one ``Ack`` call."""
-
-    def __init__(self, queue: str, flush: Callable[[list[int]], Awaitable[list[int]]]) -> None:
-        self._queue = queue
-        self._flush_fn = flush
-        self._waiting: dict[int, list[asyncio.Future[None]]] = {}
-        self._task: asyncio.Task[None] | None = None
-
-    async def ack(self, message_id: int) -> None:
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting.setdefault(message_id, []).append(future)
-        if self._task is None:
-            self._task = asyncio.create_task(self._flush())
-        await future
-
-    async def drain(self) -> None:
-        if self._task is not None:
-            await asyncio.gather(self._task, return_exceptions=True)
-
-    async def _flush(self) -> None:
-        await asyncio.sleep(0)  # let acks made in this tick join the batch
-        waiting, self._waiting = self._waiting, {}
-        self._task = None
-        try:
-            unknown = set(await self._flush_fn(list(waiting)))
-        except BaseException as exc:
-            for futures in waiting.values():
-                for future in futures:
-                    if not future.done():
-                        future.set_exception(exc)
-            return
-        for message_id, futures in waiting.items():
-            for future in futures:
-                if future.done():
-                    continue
-                if message_id in unknown:
-                    future.set_exception(UnknownMessageError(self._queue, [message_id]))
-                else:
-                    future.set_result(None)

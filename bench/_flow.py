@@ -1,0 +1,73 @@
+"""Flow control and figures shared by the gateway and federation benchmarks."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import time
+from array import array
+from dataclasses import dataclass
+
+STAMP = struct.Struct("<q")  # send time (perf_counter_ns) at the head of each payload
+
+
+@dataclass
+class Figures:
+    label: str
+    seconds: float = 0.0
+    pushed: int = 0
+    consumed: int = 0
+    p50_ms: float = float("nan")
+    p99_ms: float = float("nan")
+    outboxed: int = 0  # pushes that went through an outbox (federation)
+
+    @property
+    def pushed_per_s(self) -> float:
+        return self.pushed / self.seconds if self.seconds else 0.0
+
+    @property
+    def consumed_per_s(self) -> float:
+        return self.consumed / self.seconds if self.seconds else 0.0
+
+
+class Lanes:
+    """Per-queue flow window: a producer waits while its queue has too much in flight."""
+
+    def __init__(self, queues: int, window: int) -> None:
+        self.sent = [0] * queues
+        self.consumed = [0] * queues
+        self.window = window
+        self.rooms = [asyncio.Event() for _ in range(queues)]
+        self.latencies = array("q")
+        self.recording = False
+        self.running = True
+
+    async def wait_room(self, lane: int, count: int) -> None:
+        while self.running and self.sent[lane] - self.consumed[lane] + count > self.window:
+            self.rooms[lane].clear()
+            await self.rooms[lane].wait()
+
+    def take(self, lane: int, payload: bytes) -> None:
+        if self.recording:
+            self.latencies.append(time.perf_counter_ns() - STAMP.unpack_from(payload)[0])
+        self.consumed[lane] += 1
+        if self.sent[lane] - self.consumed[lane] <= self.window // 2:
+            self.rooms[lane].set()
+
+    def stop(self) -> None:
+        self.running = False
+        for room in self.rooms:
+            room.set()
+
+
+def payloads(count: int, size: int) -> list[bytes]:
+    pad = bytes(max(0, size - STAMP.size))
+    now = time.perf_counter_ns()
+    return [STAMP.pack(now) + pad for _ in range(count)]
+
+
+def percentile(values: array[int], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1e6
