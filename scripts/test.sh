@@ -4,7 +4,7 @@
 # pytest. Extra arguments go to pytest, e.g. scripts/test.sh -k queue -x
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh --dev
 BIN=.venv/bin
 echo "==> ruff"
 $BIN/ruff check .
