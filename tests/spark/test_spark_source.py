@@ -10,13 +10,24 @@ from typing import Any
 import pytest
 
 from busmq import Bus, Mode
+from busmq.shard import shard_identity
+from busmq.sharding import rank
 from busmq.spark._core import locate
 from tests.conftest import fast_settings
 from tests.support.redis_server import RedisServer
 
 pytestmark = pytest.mark.spark
 
-QUEUES = [f"events-{i}" for i in range(5)]
+
+def spread_over_shards(urls: list[str], count: int) -> list[str]:
+    """``count`` queue names that rendezvous hashing places on more than one shard
+    (placement depends on the shards' ports, which are chosen at random)."""
+    identities = [shard_identity(u) for u in urls]
+    home = {name: rank(identities, name)[0] for name in (f"events-{i}" for i in range(100))}
+    names = list(home)[:count]
+    if len({home[n] for n in names}) == 1:
+        names[-1] = next(n for n in home if home[n] != home[names[0]])
+    return names
 
 
 def _value(queue: str, i: int) -> Any:
@@ -63,26 +74,27 @@ def _reader(spark: Any, urls: list[str], queues: list[str], **options: Any) -> A
 
 async def test_batch_read_across_three_shards(spark: Any, shards: list[RedisServer]) -> None:
     urls = [s.url for s in shards]
-    per_queue = [range(2000)] * len(QUEUES)  # 10,000 messages
-    ids = await _push(urls, QUEUES, per_queue)
+    queues = spread_over_shards(urls, 5)
+    per_queue = [range(2000)] * len(queues)  # 10,000 messages
+    ids = await _push(urls, queues, per_queue)
     # The bus spread the queues over more than one shard.
-    assert len({locate(urls, q)[0] for q in QUEUES}) > 1
+    assert len({locate(urls, q)[0] for q in queues}) > 1
 
-    df = _reader(spark, urls, QUEUES, partition_size=700, decode_json="true").load()
-    assert df.rdd.getNumPartitions() == len(QUEUES) * 3  # 2000 ids in chunks of 700
+    df = _reader(spark, urls, queues, partition_size=700, decode_json="true").load()
+    assert df.rdd.getNumPartitions() == len(queues) * 3  # 2000 ids in chunks of 700
     rows = df.collect()
     assert len(rows) == 10_000
     got: dict[str, list[Any]] = defaultdict(list)
     for row in rows:
         got[row.queue].append(row)
-    for name in QUEUES:
+    for name in queues:
         assert [r.id for r in got[name]] == ids[name] == list(range(1, 2001))
         assert [r.payload for r in got[name]] == [_expected_payload(name, i) for i in range(2000)]
         assert [r.kind for r in got[name][:3]] == ["bytes", "text", "json"]
         assert got[name][1].headers == {"n": "1"}
         assert got[name][2].json == f'{{"queue":"{name}","i":2}}'
 
-    subset = _reader(spark, urls, QUEUES[:1], start_id=10, end_id=19).load().collect()
+    subset = _reader(spark, urls, queues[:1], start_id=10, end_id=19).load().collect()
     assert [r.id for r in subset] == list(range(10, 20))
 
 
