@@ -20,7 +20,7 @@ import asyncio
 import enum
 import itertools
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -242,14 +242,7 @@ class Consumer:
         """Call ``handler`` for every delivery until stopped. In at-least-once mode a
         delivery is acked when the handler returns and nacked when it raises."""
         async with self:
-            async for delivery in self:
-                try:
-                    await handler(delivery)
-                except Exception:
-                    log.exception("handler failed on %s #%d", self.queue.name, delivery.id)
-                    await delivery.nack()
-                else:
-                    await delivery.ack()
+            await handle_each(self, handler, self.queue.name)
 
     # -- acknowledgements (at-least-once) ----------------------------------------------
 
@@ -445,6 +438,23 @@ class Consumer:
             self._to_delete = []
         except BusError as exc:  # collected later by the lease renewal
             log.debug("deferred delete of %d read messages: %s", len(ids), exc)
+
+
+async def handle_each(
+    deliveries: AsyncIterator[Delivery],
+    handler: Callable[[Delivery], Awaitable[Any]],
+    queue: str,
+) -> None:
+    """Call ``handler`` for each delivery; ack when it returns, nack when it raises (both
+    are no-ops outside at-least-once). Shared by local and federated consumers."""
+    async for delivery in deliveries:
+        try:
+            await handler(delivery)
+        except Exception:
+            log.exception("handler failed on %s #%d", queue, delivery.id)
+            await delivery.nack()
+        else:
+            await delivery.ack()
 
 
 async def _wait(event: asyncio.Event, timeout: float) -> None:

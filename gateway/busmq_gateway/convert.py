@@ -12,32 +12,15 @@ from google.protobuf import duration_pb2, timestamp_pb2
 from busmq import MessageTooLargeError, Mode
 from busmq.message import Delivery, EncodedMessage, Message, Payload, PayloadKind, encode
 from busmq.v1 import types_pb2
+from busmq.wire import KIND_FROM_PROTO, KIND_TO_PROTO, MODE_FROM_PROTO
 
 from .errors import RequestError
 
 MAX_BATCH = 10_000
 
-_KIND_FROM_PROTO = {
-    types_pb2.PAYLOAD_KIND_UNSPECIFIED: PayloadKind.BYTES,
-    types_pb2.PAYLOAD_KIND_BYTES: PayloadKind.BYTES,
-    types_pb2.PAYLOAD_KIND_TEXT: PayloadKind.TEXT,
-    types_pb2.PAYLOAD_KIND_JSON: PayloadKind.JSON,
-}
-_MODES = {
-    types_pb2.CONSUME_MODE_UNSPECIFIED: Mode.AT_MOST_ONCE,
-    types_pb2.CONSUME_MODE_AT_MOST_ONCE: Mode.AT_MOST_ONCE,
-    types_pb2.CONSUME_MODE_AT_LEAST_ONCE: Mode.AT_LEAST_ONCE,
-    types_pb2.CONSUME_MODE_REPLAY: Mode.REPLAY,
-}
-_KIND_TO_PROTO = {
-    PayloadKind.BYTES: types_pb2.PAYLOAD_KIND_BYTES,
-    PayloadKind.TEXT: types_pb2.PAYLOAD_KIND_TEXT,
-    PayloadKind.JSON: types_pb2.PAYLOAD_KIND_JSON,
-}
-
 
 def consume_mode(value: types_pb2.ConsumeMode) -> Mode:
-    mode = _MODES.get(value)
+    mode = MODE_FROM_PROTO.get(value)
     if mode is None:
         raise RequestError(f"unknown consume mode {value}")
     return mode
@@ -48,7 +31,7 @@ def outgoing_to_core(message: types_pb2.OutgoingMessage, index: int | str) -> En
 
     ``index`` is its position in ``messages``, or the name of the field holding it."""
     where = f"messages[{index}]" if isinstance(index, int) else index
-    kind = _KIND_FROM_PROTO.get(message.kind)
+    kind = KIND_FROM_PROTO.get(message.kind)
     if kind is None:
         raise RequestError(f"{where}: unknown payload kind {message.kind}")
     payload = bytes(message.payload)
@@ -108,7 +91,7 @@ def value_to_payload(value: Any) -> tuple[bytes, types_pb2.PayloadKind]:
         InvalidMessageError: the value is none of those (e.g. a list holding bytes).
     """
     encoded = encode(value, None, sys.maxsize)
-    return encoded.payload, _KIND_TO_PROTO[encoded.kind]
+    return encoded.payload, KIND_TO_PROTO[encoded.kind]
 
 
 def message_to_proto(message: Message, headers: dict[str, str] | None = None) -> types_pb2.Message:
@@ -117,7 +100,7 @@ def message_to_proto(message: Message, headers: dict[str, str] | None = None) ->
     return types_pb2.Message(
         id=message.id,
         payload=message.payload,
-        kind=_KIND_TO_PROTO[message.kind],
+        kind=KIND_TO_PROTO[message.kind],
         headers=dict(message.headers) if headers is None else headers,
         push_time=push_time,
     )

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from ..acks import AckBatcher
-from ..consumer import LATEST, Mode
+from ..consumer import LATEST, Mode, handle_each
 from ..errors import (
     BusClosedError,
     BusError,
@@ -37,8 +37,9 @@ from ..errors import (
 from ..events import Event
 from ..message import Delivery
 from ..v1 import queue_service_pb2 as pb
+from ..wire import MODE_TO_PROTO
 from .backoff import Backoff
-from .convert import MODE_TO_PROTO, Settle, delivery, duration
+from .convert import Settle, delivery, duration
 from .errors import FederationUnauthorizedError, error_reason
 from .link import LinkState
 
@@ -217,14 +218,7 @@ class FederatedConsumer:
         """Call ``handler`` for every delivery until stopped; at-least-once deliveries
         are acked when it returns and nacked when it raises."""
         async with self:
-            async for item in self:
-                try:
-                    await handler(item)
-                except Exception:
-                    log.exception("handler failed on %s #%d", self.queue.name, item.id)
-                    await item.nack()
-                else:
-                    await item.ack()
+            await handle_each(self, handler, self.queue.name)
 
     # -- acknowledgements -----------------------------------------------------------
 

@@ -7,26 +7,9 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from google.protobuf import duration_pb2
 
-from ..consumer import Mode
 from ..message import Delivery, EncodedMessage, Message, PayloadKind
 from ..v1 import types_pb2
-
-KIND_TO_PROTO = {
-    PayloadKind.BYTES: types_pb2.PAYLOAD_KIND_BYTES,
-    PayloadKind.TEXT: types_pb2.PAYLOAD_KIND_TEXT,
-    PayloadKind.JSON: types_pb2.PAYLOAD_KIND_JSON,
-}
-KIND_FROM_PROTO = {
-    types_pb2.PAYLOAD_KIND_UNSPECIFIED: PayloadKind.BYTES,
-    types_pb2.PAYLOAD_KIND_BYTES: PayloadKind.BYTES,
-    types_pb2.PAYLOAD_KIND_TEXT: PayloadKind.TEXT,
-    types_pb2.PAYLOAD_KIND_JSON: PayloadKind.JSON,
-}
-MODE_TO_PROTO = {
-    Mode.AT_MOST_ONCE: types_pb2.CONSUME_MODE_AT_MOST_ONCE,
-    Mode.AT_LEAST_ONCE: types_pb2.CONSUME_MODE_AT_LEAST_ONCE,
-    Mode.REPLAY: types_pb2.CONSUME_MODE_REPLAY,
-}
+from ..wire import KIND_FROM_PROTO, KIND_TO_PROTO
 
 Settle = Callable[[int, bool], Awaitable[None]]
 
