@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 import tempfile
 import time
@@ -40,24 +39,9 @@ async def push(url: str, count: int) -> float:
 
 
 def spark_runs(url: str, count: int, partition_size: int, work: Path) -> tuple[float, float]:
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
+    from busmq.spark import local_session
 
-    from busmq.spark import register
-
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.memory", "1g")
-        .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    register(spark)
+    spark = local_session("busmq-bench")
     try:
         options = {"redis_urls": url, "queues": "bench", "partition_size": str(partition_size)}
         # Warm-up: the first job starts the Python workers.

@@ -19,7 +19,6 @@ import asyncio
 import json
 import os
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -49,27 +48,12 @@ async def push_orders(bus: busmq.Bus, count: int) -> None:
 
 
 def run_spark(redis_url: str, out: Path) -> None:
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import DataFrame
     from pyspark.sql import functions as F
 
-    from busmq.spark import register
+    from busmq.spark import local_session
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("busmq-orders")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.memory", "1g")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    register(spark)
+    spark = local_session("busmq-orders", **{"spark.sql.session.timeZone": "UTC"})
     try:
         orders = (
             spark.readStream.format("busmq")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,27 +16,12 @@ pytest.importorskip("pyarrow")
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
+    from busmq.spark import local_session
 
-    from busmq.spark import register
-
-    session = (
-        # local[2,2]: two threads, and a failed task is retried once (maxFailures 2).
-        SparkSession.builder.master("local[2,2]")
-        .appName("busmq-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.memory", "1g")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.python.worker.reuse", "true")
-        .getOrCreate()
+    # local[2,2]: two threads, and a failed task is retried once (maxFailures 2).
+    session = local_session(
+        "busmq-tests", master="local[2,2]", **{"spark.python.worker.reuse": "true"}
     )
-    session.sparkContext.setLogLevel("ERROR")
-    register(session)
     yield session
     session.stop()
 

@@ -35,6 +35,8 @@ Write options (batch and streaming; columns ``payload`` binary/string, optional 
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import TYPE_CHECKING
 
 from .source import BusDataSource
@@ -42,9 +44,35 @@ from .source import BusDataSource
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["BusDataSource", "register"]
+__all__ = ["BusDataSource", "local_session", "register"]
 
 
 def register(spark: SparkSession) -> None:
     """Make ``format("busmq")`` available on ``spark``."""
     spark.dataSource.register(BusDataSource)
+
+
+def local_session(app_name: str, master: str = "local[2]", **config: str) -> SparkSession:
+    """A loopback-only local SparkSession with ``busmq`` registered: workers run this
+    interpreter, no UI, 1 GiB driver, 2 shuffle partitions (``config`` adds or overrides
+    Spark settings). For examples, tests and benchmarks on one machine."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    settings = {
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.memory": "1g",
+        "spark.sql.shuffle.partitions": "2",
+        **config,
+    }
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark
