@@ -99,7 +99,7 @@ class Link:
         self._settled = asyncio.Event()  # the first probe has an outcome
         self._trouble = asyncio.Event()
         self._channels: list[grpc.aio.Channel] = []
-        self._stubs: list[Any] = []
+        self._stubs: list[dict[type[Any], Any]] = []  # per channel, by stub class
         self._round_robin = itertools.count()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -187,18 +187,26 @@ class Link:
 
     # -- channels -------------------------------------------------------------------
 
-    def stub(self) -> Any:
-        """The next channel's ``QueueService`` stub (round-robin over the pool)."""
-        count = len(self._stubs)
+    def stub(self, kind: type[Any] | None = None) -> Any:
+        """A stub of service ``kind`` (a generated ``...Stub`` class; default
+        ``QueueServiceStub``) on the next channel of the pool, round-robin, preferring
+        a connected channel: after a cut, channels reconnect one by one."""
+        count = len(self._channels)
         if not count:
             raise BusError(f"the link to {self.url} is not started or closed")
         start = next(self._round_robin)
-        # Prefer a connected channel: after a cut, channels reconnect one by one.
+        index = start % count
         for i in range(count):
-            index = (start + i) % count
-            if self._channels[index].get_state() is grpc.ChannelConnectivity.READY:
-                return self._stubs[index]
-        return self._stubs[start % count]
+            candidate = (start + i) % count
+            if self._channels[candidate].get_state() is grpc.ChannelConnectivity.READY:
+                index = candidate
+                break
+        stubs = self._stubs[index]
+        kind = kind or pb_grpc.QueueServiceStub
+        stub = stubs.get(kind)
+        if stub is None:
+            stub = stubs[kind] = kind(self._channels[index])
+        return stub
 
     def _options(self) -> list[tuple[str, Any]]:
         target, settings = self.target, self.settings
@@ -240,7 +248,7 @@ class Link:
         for _ in range(self.target.pool_size):
             channel = self._open_channel()
             self._channels.append(channel)
-            self._stubs.append(pb_grpc.QueueServiceStub(channel))  # type: ignore[no-untyped-call]
+            self._stubs.append({})
         name = f"busmq-link {self.url}"
         self._tasks = [asyncio.create_task(self._supervise(), name=name)]
         self._tasks += [

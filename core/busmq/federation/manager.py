@@ -13,7 +13,7 @@ import functools
 import logging
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import BusError
 from ..events import Event
@@ -26,6 +26,29 @@ from .settings import FederationSettings, FederationTarget, normalize_url
 
 if TYPE_CHECKING:
     from ..bus import Bus
+
+
+class FederatedObject(Protocol):
+    """What the manager needs of every federated object."""
+
+    link: Link
+
+    def _on_link_event(self, event: Event) -> None:
+        """An event of the object's link (re-emitted on the object's events)."""
+
+    async def _release(self) -> None:
+        """Give back what the remote side holds for this object (best effort; the
+        manager bounds it with the operation timeout when the bus closes)."""
+
+    async def _stop_local(self) -> None:
+        """Stop this process's tasks for the object (no remote call)."""
+
+
+class Reattachable(Protocol):
+    link: Link
+
+    async def reattach(self) -> bool:
+        """Attach the remote queue again; whether it is attached now."""
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +101,11 @@ class FederationManager:
         self.links: dict[str, Link] = {}
         self.forwarders: dict[str, Forwarder] = {}
         self._queues: weakref.WeakSet[FederatedQueue] = weakref.WeakSet()
-        self._attachments: dict[tuple[str, str], list[FederatedQueue]] = {}
+        # Every federated object (queues too): link events go to each of its link.
+        self._objects: weakref.WeakSet[FederatedObject] = weakref.WeakSet()
+        # Holders of attachments to a remote queue, by (target, queue name): asked to
+        # attach again when a forwarded push finds the queue gone.
+        self._attachments: dict[tuple[str, str], list[Reattachable]] = {}
         self._closed = False
         self._opening = asyncio.ensure_future(self._open_outbox())
         for target in settings.target_map.values():
@@ -149,22 +176,28 @@ class FederationManager:
             raise TypeError(f"only queues can be federated for now, not {type(obj).__name__}")
         queue = FederatedQueue(self, self._link_for(target, options), name)
         self._queues.add(queue)
+        self.track(queue)
         return queue
 
-    def _attached(self, queue: FederatedQueue, attached: bool) -> None:
-        key = (queue.target, queue.name)
+    def track(self, obj: FederatedObject) -> None:
+        """Route the events of ``obj.link`` to ``obj`` and shut it down with the bus."""
+        self._objects.add(obj)
+
+    def _attached(self, holder: Reattachable, queue: str, attached: bool) -> None:
+        """Record whether ``holder`` holds an attachment to remote ``queue``."""
+        key = (holder.link.url, queue)
         handles = self._attachments.setdefault(key, [])
-        if attached and queue not in handles:
-            handles.append(queue)
-        elif not attached and queue in handles:
-            handles.remove(queue)
+        if attached and holder not in handles:
+            handles.append(holder)
+        elif not attached and holder in handles:
+            handles.remove(holder)
         if not handles:
             del self._attachments[key]
 
     def _dispatch(self, url: str, event: Event) -> None:
-        for queue in tuple(self._queues):
-            if queue.link.url == url:
-                queue._on_link_event(event)
+        for obj in tuple(self._objects):
+            if obj.link.url == url:
+                obj._on_link_event(event)
 
     def _stored(self, url: str, name: str, count: int) -> None:
         for queue in tuple(self._queues):
@@ -236,13 +269,13 @@ class FederationManager:
         if self._closed:
             return
         self._closed = True
-        queues = tuple(self._queues)
+        objects = tuple(self._objects)
         try:
             async with asyncio.timeout(self.operation_timeout):
-                await asyncio.gather(*(_quietly(q.detach()) for q in queues))
+                await asyncio.gather(*(_quietly(o._release()) for o in objects))
         except TimeoutError:
-            log.warning("federation: detaching took too long; leases will lapse instead")
-        await asyncio.gather(*(_quietly(q._stop_local()) for q in queues))
+            log.warning("federation: releasing took too long; leases will lapse instead")
+        await asyncio.gather(*(_quietly(o._stop_local()) for o in objects))
         await asyncio.gather(*(f.close() for f in self.forwarders.values()))
         await asyncio.gather(*(link.close() for link in self.links.values()))
         await asyncio.gather(self._opening, return_exceptions=True)

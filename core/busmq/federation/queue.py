@@ -181,7 +181,7 @@ class FederatedQueue:
         self._attachment = str(response.attachment_id)
         self._attach_request = request
         self._lease = seconds(response.lease_duration) or 15.0
-        self._manager._attached(self, True)
+        self._manager._attached(self, self.name, True)
         return bool(response.created)
 
     async def detach(self) -> None:
@@ -190,7 +190,7 @@ class FederatedQueue:
             return
         await self._stop_local()
         attachment, self._attachment = self._attachment, None
-        self._manager._attached(self, False)
+        self._manager._attached(self, self.name, False)
         try:
             await self._call("DetachQueue", pb.DetachQueueRequest(attachment_id=attachment))
         except QueueNotFoundError:
@@ -241,9 +241,12 @@ class FederatedQueue:
     async def _lost(self) -> None:
         """The remote queue was closed or expired."""
         self._attachment = None
-        self._manager._attached(self, False)
+        self._manager._attached(self, self.name, False)
         await self._stop_local(renewer=False)
         self.events.emit(Event("closed", self.name))
+
+    async def _release(self) -> None:
+        await self.detach()
 
     async def _stop_local(self, renewer: bool = True) -> None:
         for consumer in tuple(self._consumers):
