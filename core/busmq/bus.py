@@ -7,7 +7,7 @@ import enum
 import logging
 import uuid
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 import redis.asyncio as aioredis
 
@@ -26,6 +26,9 @@ from .sharding import rank
 
 if TYPE_CHECKING:
     from .federation import FederatedQueue, FederationManager, FederationSettings
+    from .federation.channel import FederatedChannel
+    from .federation.persistable import FederatedPersistable
+    from .federation.service import FederatedService
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +166,12 @@ class Bus:
         self._require_open()
         return Service(self, name, **options)
 
+    @property
+    def federation(self) -> FederationManager | None:
+        """The federation side of this bus (links, outbox, ``await status()``), once
+        configured or used."""
+        return self._federation
+
     def configure_federation(self, settings: FederationSettings) -> FederationManager:
         """Set up federation (see :mod:`busmq.federation`): open links to every target
         and the outbox, and start forwarding what an earlier run left in it. Call from
@@ -175,11 +184,25 @@ class Bus:
         self._federation = FederationManager(self, settings)
         return self._federation
 
-    def federate(self, obj: Queue | str, target: str, **kw: Any) -> FederatedQueue:
-        """Use ``obj`` (a queue or queue name) living behind the gateway at ``target``
-        (``https://host:port``): a :class:`~busmq.federation.FederatedQueue` with the
-        queue API. ``kw`` configures a target that is not in the federation settings
-        (``secret=``, ``root_ca_file=``, ...); with no settings, defaults are used."""
+    @overload
+    def federate(self, obj: Queue | str, target: str, **kw: Any) -> FederatedQueue: ...
+    @overload
+    def federate(self, obj: Channel, target: str, **kw: Any) -> FederatedChannel: ...
+    @overload
+    def federate(self, obj: Persistable, target: str, **kw: Any) -> FederatedPersistable: ...
+    @overload
+    def federate(self, obj: Service, target: str, **kw: Any) -> FederatedService: ...
+
+    def federate(
+        self, obj: Queue | str | Channel | Persistable | Service, target: str, **kw: Any
+    ) -> FederatedQueue | FederatedChannel | FederatedPersistable | FederatedService:
+        """Use ``obj`` living behind the gateway at ``target`` (``https://host:port``):
+        a queue (or queue name), a channel end, a persistable or a service, built on
+        this bus as a description (e.g. ``bus.channel("chat", "b", "a")``), comes back
+        federated with the same API and events plus the link's (see
+        :mod:`busmq.federation`). ``kw`` configures a target that is not in the
+        federation settings (``secret=``, ``root_ca_file=``, ...); with no settings,
+        defaults are used."""
         from .federation import FederationManager, FederationSettings
 
         self._require_open()

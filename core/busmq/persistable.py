@@ -13,6 +13,11 @@ save wins.
 Every save sets the object's expiry to ``ttl``. ``persist()`` keeps it alive while the
 owner runs (a task renews the expiry every third of the ttl); ``unpersist()`` stops
 that, so the object expires ``ttl`` seconds later unless someone saves or persists it.
+
+Field tracking, events and the keep-alive live in :class:`PersistableBase`; where the
+fields are stored is a :class:`PersistableStore`. :class:`Persistable` stores them in
+this bus's Redis; :class:`busmq.federation.FederatedPersistable` stores them through
+another datacenter's gateway, with the same API and events.
 """
 
 from __future__ import annotations
@@ -20,8 +25,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Protocol, Self, TypeVar
 
 import redis.asyncio as aioredis
 
@@ -49,8 +54,36 @@ def _encode(field: str, value: Any) -> str:
         raise InvalidMessageError(f"field {field!r}: value is not a JSON value: {exc}") from None
 
 
-class Persistable(Mapping[str, Any]):
-    """An object with tracked fields, saved on the bus. Lead API: ``bus.persistable(...)``.
+class PersistableStore(Protocol):
+    """Where one persistable's fields are kept: each field is its value's JSON text.
+
+    The object exists from its first write until it expires or is deleted; every
+    method but ``write`` leaves a missing object missing.
+    """
+
+    async def write(self, fields: dict[str, str], ttl_ms: int) -> None:
+        """Write ``fields`` and set the expiry to ``ttl_ms``, atomically."""
+
+    async def read(self, fields: Collection[str]) -> Mapping[str, str | bytes] | None:
+        """The stored ones of ``fields`` (``None``: the object does not exist). Values
+        may be bytes: text written by another program is decoded as JSON, not here."""
+
+    async def exists(self) -> bool:
+        """Whether the object is stored."""
+
+    async def pttl(self) -> int | None:
+        """Milliseconds until the object expires (``None``: missing, or no expiry)."""
+
+    async def delete(self) -> None:
+        """Remove the object (no error if it is missing)."""
+
+    async def expire(self, ttl_ms: int) -> bool:
+        """Set the expiry to ``ttl_ms`` from now; False if the object does not exist."""
+
+
+class PersistableBase(Mapping[str, Any]):
+    """Tracked fields, change detection, events and keep-alive over a
+    :class:`PersistableStore`: everything a persistable does except where it is stored.
 
     Fields are accessed like a mapping: ``obj["count"] += 1``; only the tracked fields
     exist (others raise ``KeyError``) and values must be JSON values (numbers, strings,
@@ -61,20 +94,19 @@ class Persistable(Mapping[str, Any]):
     renewal; renewal goes on).
 
     Args:
-        bus: a connected bus.
         name: the object name (same rules as a queue name).
         fields: the tracked field names, or a mapping of names to default values.
-        ttl: seconds the object survives after the last save or renewal (default
-            ``BusSettings.default_ttl``).
+        ttl: seconds the object survives after the last save or renewal.
+        store: where the fields are kept.
     """
 
     def __init__(
         self,
-        bus: Bus,
         name: str,
         fields: Iterable[str] | Mapping[str, Any],
         *,
-        ttl: float | None = None,
+        ttl: float,
+        store: PersistableStore,
     ) -> None:
         self.name = validate_name(name)
         defaults = dict(fields) if isinstance(fields, Mapping) else dict.fromkeys(fields)
@@ -83,20 +115,20 @@ class Persistable(Mapping[str, Any]):
         for field in defaults:
             if not isinstance(field, str) or not field:
                 raise ValueError(f"field names must be non-empty strings, got {field!r}")
-        ttl = bus.settings.default_ttl if ttl is None else ttl
         _check_ttl(ttl)
         self.ttl = ttl
         self.events: EventHub[Event] = EventHub()
-        self._bus = bus
-        self._key = persistable_key(name)
+        self._store = store
         # Copies through JSON: defaults are validated, and never shared between objects.
         self._values: dict[str, Any] = {f: json.loads(_encode(f, v)) for f, v in defaults.items()}
         self._saved: dict[str, str] = {}
-        self._shard: Shard | None = None
         self._renewer: asyncio.Task[None] | None = None
+        # Set to renew before the next third of the ttl is up (e.g. a link came back).
+        self._renew_now = asyncio.Event()
 
     def __repr__(self) -> str:
-        return f"<Persistable {self.name!r} fields={list(self._values)} persisted={self.persisted}>"
+        kind, fields = type(self).__name__, list(self._values)
+        return f"<{kind} {self.name!r} fields={fields} persisted={self.persisted}>"
 
     # -- fields -----------------------------------------------------------------------
 
@@ -141,7 +173,8 @@ class Persistable(Mapping[str, Any]):
     async def save(self) -> list[str]:
         """Write the changed fields and refresh the expiry, in one round trip.
 
-        Returns the names of the fields written (none: nothing was sent).
+        Returns the names of the fields written (none: nothing was sent). If the write
+        fails, the fields still count as changed, so the next ``save()`` sends them.
 
         Raises:
             InvalidMessageError: a field holds a value that is not JSON (nothing written).
@@ -149,15 +182,7 @@ class Persistable(Mapping[str, Any]):
         changes = self._changes()
         if not changes:
             return []
-        ttl_ms = _ms(self.ttl)
-
-        async def write(client: aioredis.Redis) -> None:
-            pipe = client.pipeline(transaction=True)
-            pipe.hset(self._key, mapping=changes)  # type: ignore[arg-type]
-            pipe.pexpire(self._key, ttl_ms)
-            await pipe.execute()
-
-        await self._run(write)
+        await self._store.write(changes, _ms(self.ttl))
         self._saved.update(changes)
         written = sorted(changes)
         self.events.emit(Event("saved", self.name, details={"fields": written}))
@@ -166,21 +191,18 @@ class Persistable(Mapping[str, Any]):
     async def load(self) -> bool:
         """Read every tracked field; returns whether the object existed.
 
-        Fields stored in Redis replace the local values. Tracked fields the stored
-        object lacks (or every field, if it does not exist) keep their local values
-        and count as changed, so the next ``save()`` writes them.
+        Fields stored replace the local values. Tracked fields the stored object lacks
+        (or every field, if it does not exist) keep their local values and count as
+        changed, so the next ``save()`` writes them.
 
         Raises:
             InvalidMessageError: a stored field is not valid JSON (written by another
                 program); nothing was changed locally.
         """
-        raw: dict[bytes, bytes] = await self._run(
-            lambda c: c.hgetall(self._key)  # type: ignore[arg-type,return-value]
-        )
+        raw = await self._store.read(tuple(self._values))
         loaded: dict[str, Any] = {}
-        for field in self._values:
-            text = raw.get(field.encode())
-            if text is None:
+        for field, text in (raw or {}).items():
+            if field not in self._values:
                 continue
             try:
                 loaded[field] = json.loads(text)
@@ -190,24 +212,24 @@ class Persistable(Mapping[str, Any]):
                 ) from None
         self._values.update(loaded)
         self._saved = {f: _encode(f, v) for f, v in loaded.items()}
-        existed = bool(raw)
+        existed = raw is not None
         self.events.emit(Event("loaded", self.name, details={"existed": existed}))
         return existed
 
     async def exists(self) -> bool:
         """Whether the object is stored (saved and not expired or deleted)."""
-        return bool(await self._run(lambda c: c.exists(self._key)))
+        return await self._store.exists()
 
     async def remaining_ttl(self) -> float | None:
         """Seconds until the object expires, or ``None`` if it is not stored."""
-        pttl = int(await self._run(lambda c: c.pttl(self._key)))
-        return None if pttl < 0 else pttl / 1000
+        pttl = await self._store.pttl()
+        return None if pttl is None else pttl / 1000
 
     async def delete(self) -> None:
         """Stop renewing and remove the stored object (local values are kept and all
         count as changed)."""
         await self._stop_renewing()
-        await self._run(lambda c: c.delete(self._key))
+        await self._store.delete()
         self._saved.clear()
 
     # -- keep-alive ---------------------------------------------------------------------
@@ -228,6 +250,7 @@ class Persistable(Mapping[str, Any]):
             self.ttl = ttl
         await self._stop_renewing()
         await self._refresh()
+        self._renew_now.clear()
         self._renewer = asyncio.create_task(
             self._renew_loop(), name=f"busmq-persistable {self.name}"
         )
@@ -237,8 +260,7 @@ class Persistable(Mapping[str, Any]):
         """Set the expiry to ``ttl`` from now, once, without writing fields (what
         ``persist()`` does every third of the ttl); returns whether the object exists
         (a missing object is not created)."""
-        ttl_ms = _ms(self.ttl)
-        return bool(await self._run(lambda c: c.pexpire(self._key, ttl_ms)))
+        return await self._store.expire(_ms(self.ttl))
 
     async def unpersist(self) -> None:
         """Stop renewing: the object expires ``ttl`` seconds from now (unless it is
@@ -253,19 +275,23 @@ class Persistable(Mapping[str, Any]):
         """``unpersist()``; the object stays stored until it expires."""
         await self.unpersist()
 
-    async def __aenter__(self) -> Persistable:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
     async def _refresh(self) -> None:
-        ttl_ms = _ms(self.ttl)
-        await self._run(lambda c: c.pexpire(self._key, ttl_ms))
+        await self._store.expire(_ms(self.ttl))
 
     async def _renew_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.ttl / 3)
+            try:
+                async with asyncio.timeout(self.ttl / 3):
+                    await self._renew_now.wait()
+            except TimeoutError:
+                pass
+            self._renew_now.clear()
             try:
                 await self._refresh()
             except BusClosedError:
@@ -280,13 +306,86 @@ class Persistable(Mapping[str, Any]):
             renewer.cancel()
             await asyncio.gather(renewer, return_exceptions=True)
 
-    # -- plumbing -------------------------------------------------------------------------
+
+class Persistable(PersistableBase):
+    """An object with tracked fields, saved on the bus. Lead API: ``bus.persistable(...)``.
+
+    Fields are accessed like a mapping: ``obj["count"] += 1``; only the tracked fields
+    exist (others raise ``KeyError``) and values must be JSON values (numbers, strings,
+    booleans, ``None``, lists and dicts of them), checked on assignment and on save.
+
+    Events (``obj.events``): ``saved`` (``details["fields"]``), ``loaded``
+    (``details["existed"]``), ``persisting``, ``unpersisted`` and ``error`` (a failed
+    renewal; renewal goes on).
+
+    Args:
+        bus: a connected bus.
+        name: the object name (same rules as a queue name).
+        fields: the tracked field names, or a mapping of names to default values.
+        ttl: seconds the object survives after the last save or renewal (default
+            ``BusSettings.default_ttl``).
+    """
+
+    def __init__(
+        self,
+        bus: Bus,
+        name: str,
+        fields: Iterable[str] | Mapping[str, Any],
+        *,
+        ttl: float | None = None,
+    ) -> None:
+        store = RedisStore(bus, validate_name(name))
+        ttl = bus.settings.default_ttl if ttl is None else ttl
+        super().__init__(name, fields, ttl=ttl, store=store)
+        self._bus = bus
+        self._key = store.key
+
+
+class RedisStore:
+    """A persistable in this bus's Redis: the hash ``busmq:{name}:o`` on the shard that
+    holds it (located on first use)."""
+
+    def __init__(self, bus: Bus, name: str) -> None:
+        self.name = name
+        self.key = persistable_key(name)
+        self._bus = bus
+        self._shard: Shard | None = None
+
+    async def write(self, fields: dict[str, str], ttl_ms: int) -> None:
+        async def write(client: aioredis.Redis) -> None:
+            pipe = client.pipeline(transaction=True)
+            pipe.hset(self.key, mapping=fields)  # type: ignore[arg-type]
+            pipe.pexpire(self.key, ttl_ms)
+            await pipe.execute()
+
+        await self._run(write)
+
+    async def read(self, fields: Collection[str]) -> dict[str, str | bytes] | None:
+        raw: dict[bytes, bytes] = await self._run(
+            lambda c: c.hgetall(self.key)  # type: ignore[arg-type,return-value]
+        )
+        if not raw:
+            return None
+        return {f: raw[f.encode()] for f in fields if f.encode() in raw}
+
+    async def exists(self) -> bool:
+        return bool(await self._run(lambda c: c.exists(self.key)))
+
+    async def pttl(self) -> int | None:
+        pttl = int(await self._run(lambda c: c.pttl(self.key)))
+        return None if pttl < 0 else pttl
+
+    async def delete(self) -> None:
+        await self._run(lambda c: c.delete(self.key))
+
+    async def expire(self, ttl_ms: int) -> bool:
+        return bool(await self._run(lambda c: c.pexpire(self.key, ttl_ms)))
 
     async def _run(self, call: Callable[[aioredis.Redis], Awaitable[T]]) -> T:
         if self._bus.closed:
             raise BusClosedError("the bus is closed")
         if self._shard is None:
-            self._shard = await self._bus._locate(self.name, probe_key=self._key)
+            self._shard = await self._bus._locate(self.name, probe_key=self.key)
         return await self._shard.run(call, idempotent=True)
 
 

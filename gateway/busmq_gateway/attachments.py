@@ -57,7 +57,11 @@ class Attachments:
         item = self._get(attachment_id)
         if not await item.queue.renew():
             self._items.pop(attachment_id, None)
-            raise NotFound(f"queue {item.queue.name!r} no longer exists", "QUEUE_NOT_FOUND")
+            raise NotFound(
+                f"queue {item.queue.name!r} no longer exists",
+                "QUEUE_NOT_FOUND",
+                {"queue": item.queue.name},
+            )
         item.expires_at = self._deadline()
 
     async def detach(self, attachment_id: str) -> None:

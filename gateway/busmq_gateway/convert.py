@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Sequence
 from typing import Any
 
 from google.protobuf import duration_pb2, timestamp_pb2
 
 from busmq import MessageTooLargeError, Mode
-from busmq.message import Delivery, EncodedMessage, Message, Payload, PayloadKind, encode
+from busmq.federation.convert import value_to_payload as value_to_payload
+from busmq.message import Delivery, EncodedMessage, Message, Payload, PayloadKind
 from busmq.v1 import types_pb2
 from busmq.wire import KIND_FROM_PROTO, KIND_TO_PROTO, MODE_FROM_PROTO
 
@@ -82,16 +82,6 @@ def payload_to_value(payload: bytes, kind: types_pb2.PayloadKind, field_name: st
     """A validated payload (without headers) as the core's value."""
     message = types_pb2.OutgoingMessage(payload=payload, kind=kind)
     return outgoing_to_value(message, field_name)[0]
-
-
-def value_to_payload(value: Any) -> tuple[bytes, types_pb2.PayloadKind]:
-    """A core value (bytes, str or a JSON value) as payload bytes and kind.
-
-    Raises:
-        InvalidMessageError: the value is none of those (e.g. a list holding bytes).
-    """
-    encoded = encode(value, None, sys.maxsize)
-    return encoded.payload, KIND_TO_PROTO[encoded.kind]
 
 
 def message_to_proto(message: Message, headers: dict[str, str] | None = None) -> types_pb2.Message:

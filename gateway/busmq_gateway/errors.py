@@ -8,6 +8,21 @@ A request whose handler raised (``ServiceError``) is ``ABORTED``: the call reach
 handler and failed there, which a client must tell apart from its own mistakes
 (``INVALID_ARGUMENT``) and from a channel in the wrong state (``FAILED_PRECONDITION``);
 the handler's exception class is in the ``ErrorInfo`` metadata (``error_type``).
+
+``ErrorInfo.metadata`` carries the facts of the error as strings, so that a client (the
+federation client first of all) rebuilds the exception without parsing the message:
+
+    reason              metadata keys
+    INVALID_NAME        name, detail
+    MESSAGE_TOO_LARGE   size, limit (bytes)
+    QUEUE_FULL          queue, max_backlog
+    QUEUE_NOT_FOUND     queue
+    NOT_ATTACHED        queue
+    MODE_CONFLICT       queue, current_mode, requested_mode
+    NOT_PENDING         queue, ids (comma-separated, at most MAX_METADATA_IDS), ids_total
+    CHANNEL_*           channel
+    HANDLER_FAILED      service, error_type, detail (the handler's message)
+    REQUEST_TIMEOUT     service, correlation_id, timeout
 """
 
 from __future__ import annotations
@@ -31,6 +46,9 @@ Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 
 DOMAIN = "busmq.dev"
+# Ids listed in a NOT_PENDING ErrorInfo: the status travels in a trailer, and gRPC
+# refuses metadata above 8-16 KiB; ``ids_total`` says how many there were.
+MAX_METADATA_IDS = 100
 
 # Most specific first: the first matching class wins.
 TABLE: tuple[tuple[type[BaseException], grpc.StatusCode, str], ...] = (
@@ -61,15 +79,17 @@ class RequestError(Exception):
         message: str,
         reason: str = "INVALID_ARGUMENT",
         code: grpc.StatusCode = grpc.StatusCode.INVALID_ARGUMENT,
+        metadata: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.code = code
         self.reason = reason
+        self.metadata = dict(metadata or {})
 
 
 class NotFound(RequestError):
-    def __init__(self, message: str, reason: str) -> None:
-        super().__init__(message, reason, grpc.StatusCode.NOT_FOUND)
+    def __init__(self, message: str, reason: str, metadata: dict[str, str] | None = None) -> None:
+        super().__init__(message, reason, grpc.StatusCode.NOT_FOUND, metadata)
 
 
 def classify(exc: BaseException) -> tuple[grpc.StatusCode, str, str]:
@@ -83,11 +103,35 @@ def classify(exc: BaseException) -> tuple[grpc.StatusCode, str, str]:
 
 
 def error_metadata(exc: BaseException) -> dict[str, str]:
-    """The ``ErrorInfo`` metadata of a core error: what it happened to."""
+    """The ``ErrorInfo`` metadata of an error: what it happened to, and the numbers
+    (see the module docstring for the keys)."""
+    if isinstance(exc, RequestError):
+        return dict(exc.metadata)
+    if isinstance(exc, core.InvalidNameError):
+        return {"name": exc.name, "detail": exc.reason}
+    if isinstance(exc, core.MessageTooLargeError):
+        return {"size": str(exc.size), "limit": str(exc.limit)}
+    if isinstance(exc, core.QueueFullError):
+        return {"queue": exc.queue, "max_backlog": str(exc.limit)}
+    if isinstance(exc, core.QueueNotFoundError | core.NotAttachedError):
+        return {"queue": exc.queue}
+    if isinstance(exc, core.ModeConflictError):
+        return {
+            "queue": exc.queue,
+            "current_mode": exc.current,
+            "requested_mode": exc.requested,
+        }
+    if isinstance(exc, core.UnknownMessageError):
+        ids = ",".join(str(i) for i in exc.ids[:MAX_METADATA_IDS])
+        return {"queue": exc.queue, "ids": ids, "ids_total": str(len(exc.ids))}
     if isinstance(exc, core.ServiceError):
-        return {"service": exc.service, "error_type": exc.error_type}
+        return {"service": exc.service, "error_type": exc.error_type, "detail": exc.detail}
     if isinstance(exc, core.RequestTimeoutError):
-        return {"service": exc.service, "timeout": f"{exc.timeout:g}s"}
+        return {
+            "service": exc.service,
+            "correlation_id": exc.correlation_id,
+            "timeout": f"{exc.timeout:g}s",
+        }
     if isinstance(exc, core.ChannelStateError):
         return {"channel": exc.channel}
     return {}

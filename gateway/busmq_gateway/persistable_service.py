@@ -1,4 +1,4 @@
-"""``busmq.v1.PersistableService``: save, load and keep alive persistable objects.
+"""``busmq.v1.PersistableService``: save, load, keep alive and delete persistable objects.
 
 Each call builds a core ``Persistable`` tracking the fields the request names: on save
 every one counts as changed, so exactly the fields the client sent are written.
@@ -18,8 +18,8 @@ from .convert import duration, json_fields, optional_seconds
 from .errors import NotFound, RequestError, unary
 
 _NO_FIELD = ("-",)
-"""Tracked fields of a handle used for the expiry only (a Persistable tracks at least one;
-none is read or written)."""
+"""Tracked fields of a handle used for the expiry or deletion only (a Persistable tracks
+at least one; none is read or written)."""
 
 
 class PersistableService(pb_grpc.PersistableServiceServicer):
@@ -66,3 +66,10 @@ class PersistableService(pb_grpc.PersistableServiceServicer):
         if not await obj.touch():
             raise NotFound(f"persistable {request.name!r} does not exist", "PERSISTABLE_NOT_FOUND")
         return pb.RenewPersistableResponse()
+
+    @unary
+    async def DeletePersistable(
+        self, request: pb.DeletePersistableRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DeletePersistableResponse:
+        await Persistable(self._bus, request.name, _NO_FIELD).delete()
+        return pb.DeletePersistableResponse()

@@ -59,7 +59,13 @@ class QueueService(pb_grpc.QueueServiceServicer):
         if request.max_length or request.HasField("max_age"):
             max_age = seconds(request.max_age, "max_age") if request.HasField("max_age") else None
             retention = Retention(max_length=request.max_length or None, max_age=max_age)
+        # max_backlog 0 keeps the current limit; remove_max_backlog asks for the core's
+        # "0 removes it".
         backlog = request.max_backlog or None
+        if request.remove_max_backlog:
+            if backlog is not None:
+                raise RequestError("max_backlog and remove_max_backlog are exclusive")
+            backlog = 0
         attachment_id, created = await self._attachments.attach(
             request.queue, ttl or None, retention, backlog
         )
@@ -206,7 +212,11 @@ class QueueService(pb_grpc.QueueServiceServicer):
         queue = self._bus.queue(request.queue)
         ttl = await queue.ttl()
         if ttl is None:
-            raise NotFound(f"queue {request.queue!r} does not exist", "QUEUE_NOT_FOUND")
+            raise NotFound(
+                f"queue {request.queue!r} does not exist",
+                "QUEUE_NOT_FOUND",
+                {"queue": request.queue},
+            )
         return pb.GetQueueResponse(
             queue=queue.name,
             count=await queue.count(),
@@ -235,7 +245,11 @@ class QueueService(pb_grpc.QueueServiceServicer):
     ) -> pb.CloseQueueResponse:
         queue = self._bus.queue(request.queue)
         if not await queue.exists():
-            raise NotFound(f"queue {request.queue!r} does not exist", "QUEUE_NOT_FOUND")
+            raise NotFound(
+                f"queue {request.queue!r} does not exist",
+                "QUEUE_NOT_FOUND",
+                {"queue": request.queue},
+            )
         for consumer in [c for c in self._consumers.values() if c.queue.name == queue.name]:
             consumer.stop()
         await queue.close()

@@ -8,6 +8,7 @@ import pytest
 
 from busmq import Bus, Mode
 from busmq.federation import (
+    DeadLetter,
     LinkState,
     Outbox,
     OutboxFullError,
@@ -120,3 +121,118 @@ async def test_the_outbox_file_keeps_rows_across_reopening_and_refuses_a_second_
     await again.dead_letter(rows[2], "refused")
     assert again.depth() == 0 and [d.row.request_id for d in await again.dead_letters()] == ["r2"]
     await again.close()
+
+
+async def test_dead_letters_are_requeued_once_their_queue_exists_and_arrive_exactly_once(
+    dc_a: DatacenterA, dc_b: Bus
+) -> None:
+    manager = dc_b.federation
+    assert manager is not None
+    late = dc_b.federate("late", dc_a.url)
+    gone = dc_b.federate("gone", dc_a.url)
+    dead_events: list[tuple[str, object]] = []
+    late.events.on(
+        lambda e: (
+            dead_events.append((e.source, e.details.get("seq")))
+            if e.details.get("dead_letter")
+            else None
+        )
+    )
+    assert await late.link.wait_usable(10)
+    await dc_a.proxy.cut()  # so that the pushes wait in the outbox: neither queue exists in A
+    assert await late.push("first", request_id="late-1") is None
+    assert await late.push_batch(["second", "third"], request_id="late-2") is None
+    assert await gone.push("never", request_id="gone-1") is None
+    await dc_a.proxy.restore()
+
+    async def dead() -> list[DeadLetter]:
+        return await manager.dead_letters()
+
+    async def all_dead() -> bool:
+        return len(await dead()) == 3
+
+    await eventually(all_dead, what="three pushes refused for good")
+    assert late.outbox_depth == gone.outbox_depth == 0
+    letters = await dead()
+    assert [(d.row.queue, d.row.request_id) for d in letters] == [
+        ("late", "late-1"),
+        ("late", "late-2"),
+        ("gone", "gone-1"),
+    ]
+    assert all("does not exist" in d.error for d in letters)
+    assert [seq for _, seq in dead_events] == [d.row.seq for d in letters[:2]]
+
+    local = dc_a.bus.queue("late")
+    await local.attach(ttl=120)
+    # The first push was stored after all (say its Push succeeded but the answer was
+    # lost): the requeued row carries the same request_id and is not stored twice.
+    assert await late.push("first", request_id="late-1") == 1
+    assert await manager.requeue_dead_letters(queue="late") == 2
+    await eventually(lambda: late.outbox_depth == 0, what="requeued rows forwarded")
+    assert await local.last_id() == 3  # 1 direct + 2 requeued, the duplicate not stored
+    assert await read_all(dc_a.bus, "late", 3) == [b"first", b"second", b"third"]
+    assert [d.row.request_id for d in await dead()] == ["gone-1"]
+
+    assert await manager.requeue_dead_letters(queue="late") == 0  # nothing left to move
+    assert await manager.discard_dead_letters(target=dc_a.url) == 1
+    assert await dead() == []
+    assert gone.outbox_depth == 0 and not await dc_a.bus.queue("gone").exists()
+
+
+async def test_requeue_keeps_order_and_request_ids_and_respects_the_outbox_bound(
+    tmp_path: Path,
+) -> None:
+    outbox = Outbox(tmp_path / "outbox.sqlite3", max_messages=10, max_age=None)
+    await outbox.open()
+    try:
+        a, b = "http://a:1", "http://b:1"
+        rows = []
+        for target, queue, request_id, count in [
+            (a, "q", "r0", 2),
+            (a, "other", "r1", 1),
+            (a, "q", "r2", 3),
+            (b, "q", "r3", 4),
+        ]:
+            seq = await outbox.append(target, queue, request_id, count, request_id.encode())
+            rows.append((await outbox.head(target, 10))[-1])
+            assert rows[-1].seq == seq
+        for row in rows:
+            await outbox.dead_letter(row, "refused")
+        assert outbox.depth() == 0 and len(await outbox.dead_letters()) == 4
+
+        await outbox.append(a, "q", "live", 4, b"live")  # 4 waiting: 6 messages of room
+        with pytest.raises(OutboxFullError) as full:  # 2 + 1 + 3 + 4 = 10 do not fit
+            await outbox.requeue()
+        assert full.value.reason == "max_messages"
+        assert outbox.depth() == 4 and len(await outbox.dead_letters()) == 4  # none moved
+
+        assert await outbox.requeue(target=a, queue="q") == 2  # r0 and r2: 5 messages
+        waiting = await outbox.head(a, 10)
+        assert [r.request_id for r in waiting] == ["live", "r0", "r2"]  # at the tail, in order
+        assert [r.messages for r in waiting] == [b"live", b"r0", b"r2"]
+        assert waiting[1].seq > rows[3].seq  # new seqs: after everything appended before
+        assert outbox.depth(a) == 9 and outbox.pending(a, "q") == 3
+        assert outbox.queue_depth(a, "q") == 9
+        assert [d.row.request_id for d in await outbox.dead_letters()] == ["r1", "r3"]
+        assert await outbox.requeue([rows[1].seq]) == 1  # exactly fills the bound
+        assert outbox.depth() == 10
+        assert await outbox.requeue([rows[1].seq]) == 0  # already moved
+
+        assert await outbox.discard_dead_letters([rows[3].seq, 12345]) == 1
+        assert await outbox.dead_letters() == []
+        assert outbox.depth() == 10 and outbox.rows(b) == 0
+    finally:
+        await outbox.close()
+
+    again = Outbox(tmp_path / "outbox.sqlite3", max_messages=10, max_age=None)
+    await again.open()  # the requeued rows are durable like any other
+    try:
+        assert [r.request_id for r in await again.head("http://a:1", 10)] == [
+            "live",
+            "r0",
+            "r2",
+            "r1",
+        ]
+        assert again.depth() == 10
+    finally:
+        await again.close()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,6 +15,7 @@ from busmq import (
     InvalidNameError,
     Mode,
     ModeConflictError,
+    QueueFullError,
     QueueNotFoundError,
     UnknownMessageError,
 )
@@ -143,3 +146,36 @@ async def test_federation_over_mutual_tls(tmp_path: Path, redis_server: RedisSer
     finally:
         await bus.close()
         await gateway.stop()
+
+
+async def test_attach_with_max_backlog_zero_removes_a_limit_remotely_as_it_does_locally(
+    dc_a: DatacenterA, dc_b: Bus
+) -> None:
+    async def steps(new_handle: Callable[[], Any]) -> list[object]:
+        """Set a limit, keep it (None), remove it (0): what each push did."""
+        outcomes: list[object] = []
+        for max_backlog, pushes in ((1, 2), (None, 1), (0, 3)):
+            handle = new_handle()
+            await handle.attach(ttl=60, max_backlog=max_backlog)
+            for i in range(pushes):
+                try:
+                    await handle.push(f"{max_backlog}.{i}")
+                except QueueFullError as full:
+                    outcomes.append(("full", full.queue, full.limit))
+                else:
+                    outcomes.append("stored")
+        return outcomes
+
+    local = await steps(lambda: dc_a.bus.queue("capped-here"))
+    # A new federated handle per attach, as the local steps take a new queue handle.
+    remote = await steps(lambda: dc_b.federate("capped-there", dc_a.url))
+    assert local == [
+        "stored",
+        ("full", "capped-here", 1),
+        ("full", "capped-here", 1),
+        "stored",
+        "stored",
+        "stored",
+    ]
+    assert remote == [o if o == "stored" else ("full", "capped-there", 1) for o in local]
+    assert await dc_a.bus.queue("capped-there").count() == 4

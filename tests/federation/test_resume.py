@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import signal
+
+import redis.asyncio as aioredis
 
 from busmq import Bus, BusUnavailableError, Delivery, Mode, UnknownMessageError
 from busmq.federation import LinkState
+from busmq.keys import CONSUMER_GROUP, QueueKeys
 from tests.federation.conftest import DatacenterA
 from tests.support.waiting import eventually
 
@@ -148,3 +152,71 @@ async def test_replay_consumer_resumes_after_a_cut_without_duplicates_or_gaps(
     assert cut_done.is_set()
     assert ids == list(range(1, 3001))
     assert consumer.reconnects >= 1
+
+
+async def test_at_most_once_consumer_across_a_cut_loses_at_most_what_the_broken_stream_held(
+    dc_a: DatacenterA, dc_b: Bus
+) -> None:
+    """Three waves around a cut: before it (in flight when it happens), during it, and
+    after the consumer resumed. Nothing comes twice, ids only increase, and the only
+    messages lost are the last ones the broken stream had taken from Redis and not yet
+    delivered (read back from the consumer group's last-delivered id)."""
+    prefetch, wave = 20, 2000
+    total = 3 * wave
+    local = dc_a.bus.queue("events")
+    await local.attach(ttl=120)
+    remote = dc_b.federate("events", dc_a.url)
+    assert await remote.link.wait_usable(10)
+    redis = aioredis.from_url(dc_a.redis.url)
+    keys = QueueKeys("events")
+    received: list[int] = []
+    consumer = remote.consume(Mode.AT_MOST_ONCE, prefetch=prefetch)
+
+    async def consume_in_b() -> None:
+        async with consumer:
+            async for delivery in consumer:
+                assert delivery.payload == b"%d" % delivery.id
+                received.append(delivery.id)
+                if delivery.id == total:
+                    return
+
+    async def push_wave(first: int) -> None:
+        for start in range(first, first + wave, 100):
+            await local.push_batch([b"%d" % i for i in range(start, start + 100)])
+
+    async def stream_gone() -> bool:
+        # The gateway saw the reset: its reader unsubscribed from the queue's wake-ups
+        # and has not touched the stream since.
+        [(_, subscribers)] = await redis.pubsub_numsub(keys.notify_channel)
+        readers = await redis.xinfo_consumers(keys.stream, CONSUMER_GROUP)
+        return subscribers == 0 and all(r["idle"] >= 200 for r in readers)
+
+    reader = asyncio.create_task(consume_in_b())
+    try:
+        await push_wave(1)
+        await eventually(lambda: len(received) >= 500, what="B consuming the first wave")
+        await dc_a.proxy.cut()
+        await eventually(stream_gone, what="the gateway closed the broken stream")
+        group = (await redis.xinfo_groups(keys.stream))[0]
+        taken = int(group["last-delivered-id"].split(b"-")[0])  # read by the broken stream
+        assert taken < wave, "the cut came while the first wave was flowing"
+        await push_wave(wave + 1)  # during the cut: waits in Redis
+        await dc_a.proxy.restore()
+        await eventually(lambda: consumer.reconnects >= 1, what="the stream resumed")
+        await push_wave(2 * wave + 1)  # after the resume
+        await eventually(
+            lambda: bool(received) and received[-1] == total, timeout=30, what="all in B"
+        )
+        await reader
+    finally:
+        reader.cancel()
+        await asyncio.gather(reader, return_exceptions=True)
+        await redis.aclose()
+
+    assert all(a < b for a, b in itertools.pairwise(received))  # no duplicate, in order
+    assert set(range(taken + 1, total + 1)) <= set(received)  # all the broken stream left
+    lost = sorted(set(range(1, total + 1)) - set(received))
+    # Lost: only the tail of what the broken stream took (in the gateway's buffers or
+    # on the wire), never a message B had received (its buffer is handed out).
+    assert lost == list(range(taken - len(lost) + 1, taken + 1))
+    assert await local.count() == 0

@@ -66,6 +66,25 @@ async def test_ttl_on_save_and_renew_keep_an_object_alive(gateway: GatewayUnderT
     assert error_info(error.value).reason == "PERSISTABLE_NOT_FOUND"
 
 
+async def test_delete_removes_the_object_for_every_client_and_a_missing_one_is_fine(
+    gateway: GatewayUnderTest, peer_bus: Bus
+) -> None:
+    profile = peer_bus.persistable("user:9", {"visits": 3})
+    await profile.save()
+    await save(gateway, "user:9", other=1)
+    await gateway.persistables.DeletePersistable(
+        pb.DeletePersistableRequest(name="user:9"), metadata=AUTH
+    )
+    assert not await profile.exists()
+    assert not (await load(gateway, "user:9", "visits", "other")).exists
+    await gateway.persistables.DeletePersistable(
+        pb.DeletePersistableRequest(name="user:9"), metadata=AUTH
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        await gateway.persistables.DeletePersistable(pb.DeletePersistableRequest(name="user:9"))
+    assert error.value.code() is grpc.StatusCode.UNAUTHENTICATED
+
+
 @pytest.mark.parametrize(
     ("request_", "reason"),
     [
@@ -83,17 +102,24 @@ async def test_ttl_on_save_and_renew_keep_an_object_alive(gateway: GatewayUnderT
         (pb.LoadPersistableRequest(name="obj"), "INVALID_ARGUMENT"),
         (pb.LoadPersistableRequest(name="{obj}", fields=["a"]), "INVALID_NAME"),
         (pb.RenewPersistableRequest(name=""), "INVALID_NAME"),
+        (pb.DeletePersistableRequest(name="bad name"), "INVALID_NAME"),
     ],
 )
 async def test_bad_requests_are_refused_and_nothing_is_written(
     gateway: GatewayUnderTest,
-    request_: pb.SavePersistableRequest | pb.LoadPersistableRequest | pb.RenewPersistableRequest,
+    request_: (
+        pb.SavePersistableRequest
+        | pb.LoadPersistableRequest
+        | pb.RenewPersistableRequest
+        | pb.DeletePersistableRequest
+    ),
     reason: str,
 ) -> None:
     method = {
         pb.SavePersistableRequest: gateway.persistables.SavePersistable,
         pb.LoadPersistableRequest: gateway.persistables.LoadPersistable,
         pb.RenewPersistableRequest: gateway.persistables.RenewPersistable,
+        pb.DeletePersistableRequest: gateway.persistables.DeletePersistable,
     }[type(request_)]
     with pytest.raises(grpc.aio.AioRpcError) as error:
         await method(request_, metadata=AUTH)

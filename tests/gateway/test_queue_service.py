@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 
 import grpc
 import pytest
 from google.protobuf import duration_pb2
-from google.rpc import error_details_pb2
+from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
+from busmq import errors as core_errors
+from busmq.federation.errors import from_rpc_error
 from busmq.v1 import queue_service_pb2 as pb
 from busmq.v1 import types_pb2
-from tests.gateway.conftest import AUTH, GatewayUnderTest
+from busmq_gateway.errors import MAX_METADATA_IDS, error_metadata, to_status
+from tests.gateway.conftest import AUTH, GatewayUnderTest, error_info
 
+DETAILS_KEY = "grpc-status-details-bin"
 TEXT = types_pb2.PAYLOAD_KIND_TEXT
 JSON = types_pb2.PAYLOAD_KIND_JSON
 
@@ -332,3 +337,135 @@ async def test_batched_streams_carry_every_delivery_in_order(gateway: GatewayUnd
     assert ids == list(range(1, 501))
     assert "delivery" not in events
     assert events.count("batch") < 500  # several deliveries per response
+
+
+async def refused(call: Awaitable[object]) -> grpc.aio.AioRpcError:
+    """The error of a call that must fail."""
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        await call
+    return error.value
+
+
+async def test_refusals_carry_their_facts_in_error_info_metadata(
+    gateway: GatewayUnderTest,
+) -> None:
+    queues = gateway.queues
+    await attach(gateway, "capped", max_backlog=2)
+    await queues.Push(
+        pb.PushRequest(queue="capped", messages=[text("1"), text("2")]), metadata=AUTH
+    )
+    cases: list[tuple[Callable[[], Awaitable[object]], str, dict[str, str]]] = [
+        (
+            lambda: queues.Push(
+                pb.PushRequest(queue="capped", messages=[text("3")]), metadata=AUTH
+            ),
+            "QUEUE_FULL",
+            {"queue": "capped", "max_backlog": "2"},
+        ),
+        (
+            lambda: queues.Push(
+                pb.PushRequest(queue="absent", messages=[text("x")]), metadata=AUTH
+            ),
+            "QUEUE_NOT_FOUND",
+            {"queue": "absent"},
+        ),
+        (
+            lambda: queues.GetQueue(pb.GetQueueRequest(queue="absent"), metadata=AUTH),
+            "QUEUE_NOT_FOUND",
+            {"queue": "absent"},
+        ),
+        (
+            lambda: queues.CloseQueue(pb.CloseQueueRequest(queue="absent"), metadata=AUTH),
+            "QUEUE_NOT_FOUND",
+            {"queue": "absent"},
+        ),
+    ]
+    for call, reason, metadata in cases:
+        info = error_info(await refused(call()))
+        assert (info.reason, info.domain) == (reason, "busmq.dev")
+        assert dict(info.metadata) == metadata
+
+    bad_name = await refused(
+        queues.Push(pb.PushRequest(queue="bad name", messages=[text("x")]), metadata=AUTH)
+    )
+    info = error_info(bad_name)
+    assert info.reason == "INVALID_NAME" and info.metadata["name"] == "bad name"
+    assert info.metadata["detail"] and info.metadata["detail"] in (bad_name.details() or "")
+
+    large = types_pb2.OutgoingMessage(payload=b"x" * 70_000)
+    too_large = error_info(
+        await refused(queues.Push(pb.PushRequest(queue="capped", messages=[large]), metadata=AUTH))
+    )
+    assert too_large.reason == "MESSAGE_TOO_LARGE"
+    assert too_large.metadata["limit"] == str(64 * 1024)
+    assert int(too_large.metadata["size"]) >= 70_000
+
+    _, _ = await collect(gateway, pb.ConsumeRequest(queue="capped", max=1), 0)
+    with pytest.raises(grpc.aio.AioRpcError) as conflict:
+        async for _ in queues.Consume(
+            pb.ConsumeRequest(queue="capped", mode=types_pb2.CONSUME_MODE_REPLAY), metadata=AUTH
+        ):
+            pass
+    info = error_info(conflict.value)
+    assert info.reason == "MODE_CONFLICT"
+    assert dict(info.metadata) == {
+        "queue": "capped",
+        "current_mode": "destructive",
+        "requested_mode": "replay",
+    }
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        core_errors.QueueNotFoundError("gone"),
+        core_errors.QueueFullError("capped", 7),
+        core_errors.MessageTooLargeError(70_001, 65_536),
+        core_errors.ModeConflictError("modal", "replay", "destructive"),
+        core_errors.UnknownMessageError("work", [3, 5, 8]),
+        core_errors.NotAttachedError("detached"),
+        core_errors.InvalidNameError("bad name", "spaces are not allowed"),
+    ],
+    ids=lambda exc: type(exc).__name__,
+)
+def test_a_federated_client_rebuilds_each_core_error_from_the_metadata_alone(
+    exc: core_errors.BusError,
+) -> None:
+    sent = to_status(exc)
+    status = status_pb2.Status.FromString(dict(sent.trailing_metadata)[DETAILS_KEY])
+    # A message that says nothing: the facts must come from the ErrorInfo metadata.
+    status.message = "refused"
+    trailers = grpc.aio.Metadata((DETAILS_KEY, status.SerializeToString()))
+    error = grpc.aio.AioRpcError(sent.code, grpc.aio.Metadata(), trailers, "refused")
+    rebuilt = from_rpc_error(error, queue="caller-queue", target="http://a:1")
+    assert type(rebuilt) is type(exc)
+    assert str(rebuilt) == str(exc)
+    assert vars(rebuilt) == vars(exc)
+
+
+def test_unknown_ids_in_error_metadata_are_bounded() -> None:
+    metadata = error_metadata(core_errors.UnknownMessageError("work", list(range(1, 10_001))))
+    assert metadata["ids_total"] == "10000"
+    assert metadata["ids"].split(",") == [str(i) for i in range(1, MAX_METADATA_IDS + 1)]
+
+
+async def test_attach_can_set_keep_and_remove_a_backlog_limit(gateway: GatewayUnderTest) -> None:
+    def push(value: str) -> Awaitable[object]:
+        request = pb.PushRequest(queue="limited", messages=[text(value)])
+        return gateway.queues.Push(request, metadata=AUTH)
+
+    await attach(gateway, "limited", max_backlog=1)
+    await push("first")
+    assert error_reason(await refused(push("refused"))) == "QUEUE_FULL"
+    await attach(gateway, "limited")  # max_backlog 0 and no removal: the limit stays
+    assert error_reason(await refused(push("still refused"))) == "QUEUE_FULL"
+    both = await refused(attach(gateway, "limited", max_backlog=5, remove_max_backlog=True))
+    assert both.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert error_reason(await refused(push("the refused attach changed nothing"))) == "QUEUE_FULL"
+    await attach(gateway, "limited", remove_max_backlog=True)
+    for i in range(5):
+        await push(f"accepted {i}")
+    info = await gateway.queues.GetQueue(pb.GetQueueRequest(queue="limited"), metadata=AUTH)
+    assert info.count == 6
+    await attach(gateway, "limited", max_backlog=6)  # and a limit can be set again
+    assert error_reason(await refused(push("full again"))) == "QUEUE_FULL"

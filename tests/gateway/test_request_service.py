@@ -119,7 +119,11 @@ async def test_a_handler_error_is_aborted_with_its_type(
         assert error.value.code() is grpc.StatusCode.ABORTED
         info = error_info(error.value)
         assert info.reason == "HANDLER_FAILED"
-        assert dict(info.metadata) == {"service": "picky", "error_type": "LookupError"}
+        assert dict(info.metadata) == {
+            "service": "picky",
+            "error_type": "LookupError",
+            "detail": "no such thing",
+        }
         assert "no such thing" in (error.value.details() or "")
 
 

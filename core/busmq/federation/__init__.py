@@ -14,11 +14,13 @@
 
 Modules: ``settings`` (targets, outbox bounds, backoff), ``link`` (pool of warm
 channels and link state per gateway), ``queue`` (:class:`FederatedQueue`),
-``consumer`` (resumable streams), ``outbox`` (durable SQLite outbox), ``forwarder``
-(drains it in order), ``errors`` (gRPC statuses back to busmq exceptions), ``manager``
-(all of it, per bus). Channels and persistables are to follow on the same links.
+``consumer`` (resumable streams), ``channel`` (:class:`FederatedChannel`),
+``persistable`` (:class:`FederatedPersistable`), ``service`` (:class:`FederatedService`),
+``outbox`` (durable SQLite outbox), ``forwarder`` (drains it in order), ``errors`` (gRPC
+statuses back to busmq exceptions), ``manager`` (all of it, per bus).
 """
 
+from .channel import FederatedChannel
 from .consumer import FederatedConsumer
 from .errors import (
     FederationUnauthorizedError,
@@ -27,16 +29,22 @@ from .errors import (
     RemoteError,
 )
 from .link import Link, LinkState
-from .manager import FederationManager, QueueStatus, TargetStatus
+from .manager import ChannelStatus, FederationManager, QueueStatus, TargetStatus
 from .outbox import DeadLetter, Outbox, OutboxLockedError, OutboxRow
+from .persistable import FederatedPersistable
 from .queue import ConsumerLag, FederatedQueue
+from .service import FederatedService
 from .settings import FederationSettings, FederationTarget
 
 __all__ = [
+    "ChannelStatus",
     "ConsumerLag",
     "DeadLetter",
+    "FederatedChannel",
     "FederatedConsumer",
+    "FederatedPersistable",
     "FederatedQueue",
+    "FederatedService",
     "FederationManager",
     "FederationSettings",
     "FederationTarget",

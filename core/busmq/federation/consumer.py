@@ -12,9 +12,25 @@ restart or drain) it is reopened with backoff as soon as the link is usable agai
   by id, so a delivery received on a stream that broke can still be acked.
 * **replay**: reopened with ``from_id`` = the last id received + 1: no duplicate, no
   gap (unless retention trimmed the history in between).
-* **at-most-once**: reopened. Messages the gateway had already taken from Redis and
-  written to the broken stream, but that never arrived here, are lost; that is the
-  at-most-once contract (each message at most once, across any failure).
+* **at-most-once**: reopened. Precisely, across any number of breaks:
+
+  - no message is delivered twice, and ids are strictly increasing (push order);
+  - deliveries that had reached this process are kept: those still buffered here are
+    handed out after the break, before the resumed stream's;
+  - the only messages lost are the last ones the broken stream had taken from Redis
+    (at-most-once reads remove them) and not yet delivered here: those in the
+    gateway's memory (at most ``3 * prefetch``: a batch being written, one in the
+    hand-over slot, one just read) and those on the wire (HTTP/2 flow-control windows
+    and socket buffers, which bound bytes, not messages). They are a contiguous run of
+    ids right after the last one received before the break;
+  - every message the broken stream had not taken is delivered: those still in Redis
+    at the break, pushed during the outage, or pushed after the resume.
+
+  The last point assumes the gateway noticed the break, which it does at once when
+  the connection is reset or closed. If the connection dies silently, the gateway's
+  stale stream keeps reading until its writes block on the flow-control window or
+  its keepalive gives up (``keepalive_seconds`` + 20 s); what it reads meanwhile,
+  even after the resume, is lost too, within the same bound.
 """
 
 from __future__ import annotations
@@ -33,6 +49,7 @@ from ..errors import (
     BusClosedError,
     BusError,
     BusTimeoutError,
+    BusUnavailableError,
 )
 from ..events import Event
 from ..message import Delivery
@@ -49,7 +66,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # Statuses after which a stream is reopened; anything else ends the consumer.
-_RESUMABLE = frozenset(
+RESUMABLE = frozenset(
     {
         grpc.StatusCode.UNAVAILABLE,
         grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -305,7 +322,7 @@ class FederatedConsumer:
         """``_Broken`` for a status worth reopening after, the mapped error otherwise."""
         self.queue.link.report(exc)
         error = self.queue._error(exc)
-        if exc.code() in _RESUMABLE:
+        if exc.code() in RESUMABLE:
             return _Broken(error)
         return error
 
@@ -334,6 +351,11 @@ class FederatedConsumer:
                 if done:
                     break  # max reached
                 self._after_break()
+                if self.max is not None and self._received >= self.max:
+                    # Everything asked for arrived before the break (the end of the
+                    # stream did not): reopening would ask for max - received = 0,
+                    # which the gateway reads as "no limit".
+                    break
                 await asyncio.sleep(backoff.next())
         except asyncio.CancelledError:
             if not self._stopping:
@@ -373,6 +395,14 @@ class FederatedConsumer:
                 response = await call.read()
             except grpc.aio.AioRpcError as exc:
                 raise self._classify(exc) from None
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is None or task.cancelling():
+                    raise  # this consumer is stopping
+                # The call was cancelled under us: the link closed the stream's channel
+                # (it failed over to another gateway URL). Reopen like after a cut.
+                error = BusUnavailableError("the stream's channel was closed", self.queue.target)
+                raise _Broken(error) from None
             if response is grpc.aio.EOF:
                 # Ended by the gateway: max reached, draining, or the queue was closed
                 # (reopening then tells which).
@@ -384,15 +414,17 @@ class FederatedConsumer:
                 received = [response.delivery]
             else:
                 continue  # heartbeats, state events
+            # The whole batch goes in before waiting for room (the buffer may hold up to
+            # prefetch + one batch): a stop while waiting then loses none of it.
             for message in received:
                 item = delivery(message, settle)
                 self._received += 1
                 if replay:
                     self._next_id = item.id + 1
-                if self._buffer.qsize() >= self.prefetch:
-                    self._room.clear()
-                    await self._room.wait()
                 self._buffer.put_nowait(item)
+            if self._buffer.qsize() >= self.prefetch:
+                self._room.clear()
+                await self._room.wait()
 
     def _after_break(self) -> None:
         if self.mode is Mode.AT_LEAST_ONCE:

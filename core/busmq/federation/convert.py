@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 from google.protobuf import duration_pb2
 
-from ..message import Delivery, EncodedMessage, Message, PayloadKind
+from ..message import Delivery, EncodedMessage, Message, PayloadKind, encode
 from ..v1 import types_pb2
 from ..wire import KIND_FROM_PROTO, KIND_TO_PROTO
 
@@ -29,18 +31,34 @@ def outgoing(messages: Sequence[EncodedMessage]) -> list[types_pb2.OutgoingMessa
 
 def delivery(proto: types_pb2.Delivery, settle: Settle | None) -> Delivery:
     """A core :class:`~busmq.Delivery` from a streamed one; ``settle`` backs ack/nack."""
-    message = proto.message
-    return Delivery(
-        Message(
-            id=message.id,
-            payload=message.payload,
-            kind=KIND_FROM_PROTO.get(message.kind, PayloadKind.BYTES),
-            headers=dict(message.headers),
-            timestamp_ms=message.push_time.ToMilliseconds(),
-        ),
-        proto.delivery_count or 1,
-        settle,
+    return Delivery(message_from_proto(proto.message), proto.delivery_count or 1, settle)
+
+
+def message_from_proto(proto: types_pb2.Message) -> Message:
+    """A core :class:`~busmq.Message` from a received one."""
+    return Message(
+        id=proto.id,
+        payload=proto.payload,
+        kind=KIND_FROM_PROTO.get(proto.kind, PayloadKind.BYTES),
+        headers=dict(proto.headers),
+        timestamp_ms=proto.push_time.ToMilliseconds(),
     )
+
+
+def payload_value(payload: bytes, kind: types_pb2.PayloadKind) -> Any:
+    """A received payload (without headers) as the core's value: bytes, str or JSON."""
+    return Message(0, payload, KIND_FROM_PROTO.get(kind, PayloadKind.BYTES)).data
+
+
+def value_to_payload(value: Any) -> tuple[bytes, types_pb2.PayloadKind]:
+    """A core value (bytes, str or a JSON value) as payload bytes and kind; used by the
+    gateway (replies to requesters) and by federated handlers (replies they send).
+
+    Raises:
+        InvalidMessageError: the value is none of those (e.g. a list holding bytes).
+    """
+    encoded = encode(value, None, sys.maxsize)
+    return encoded.payload, KIND_TO_PROTO[encoded.kind]
 
 
 def duration(seconds: float) -> duration_pb2.Duration:

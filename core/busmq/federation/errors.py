@@ -1,8 +1,10 @@
 """Federation errors, and the translation of gRPC statuses back into busmq exceptions.
 
 The gateway maps core errors to status codes with a ``google.rpc.ErrorInfo`` reason
-(``busmq_gateway.errors.TABLE``); :func:`from_rpc_error` inverts that table, so a
-federated object raises what the local one would:
+(``busmq_gateway.errors.TABLE``) and puts the error's facts (queue, limits, modes, ids)
+in the ``ErrorInfo`` metadata; :func:`from_rpc_error` inverts that table and rebuilds
+the exception from the metadata, never from the message, so a federated object raises
+what the local one would, with the same attributes:
 
     NOT_FOUND            QUEUE_NOT_FOUND  -> QueueNotFoundError
     INVALID_ARGUMENT     INVALID_NAME     -> InvalidNameError
@@ -14,7 +16,9 @@ federated object raises what the local one would:
     RESOURCE_EXHAUSTED   QUEUE_FULL       -> QueueFullError
                          (other)          -> MessageTooLargeError
     UNAUTHENTICATED, PERMISSION_DENIED    -> FederationUnauthorizedError
-    DEADLINE_EXCEEDED                     -> BusTimeoutError
+    ABORTED              HANDLER_FAILED   -> ServiceError (error_type, service from metadata)
+    DEADLINE_EXCEEDED    REQUEST_TIMEOUT  -> RequestTimeoutError
+                         (other)          -> BusTimeoutError
     UNAVAILABLE, CANCELLED                -> BusUnavailableError
     anything else                         -> RemoteError
 
@@ -29,8 +33,6 @@ Federation adds two classes to the hierarchy (both under :class:`BusError`):
 """
 
 from __future__ import annotations
-
-import re
 
 import grpc
 from google.rpc import error_details_pb2
@@ -47,6 +49,8 @@ from ..errors import (
     NotAttachedError,
     QueueFullError,
     QueueNotFoundError,
+    RequestTimeoutError,
+    ServiceError,
     UnknownMessageError,
 )
 
@@ -107,47 +111,65 @@ class RemoteError(BusError):
 
 def error_reason(error: grpc.aio.AioRpcError) -> str:
     """The ``google.rpc.ErrorInfo`` reason carried by a failed call ("" if none)."""
+    return error_info(error)[0]
+
+
+def error_info(error: grpc.aio.AioRpcError) -> tuple[str, dict[str, str]]:
+    """The ``google.rpc.ErrorInfo`` reason and metadata of a failed call (``("", {})``
+    if it carries none)."""
     try:
         status = rpc_status.from_call(error)
     except ValueError:  # an inconsistent rich status: ignore the details
-        return ""
+        return "", {}
     if status is None:
-        return ""
+        return "", {}
     for detail in status.details:
         if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
             info = error_details_pb2.ErrorInfo()
             detail.Unpack(info)
-            return str(info.reason)
-    return ""
+            return str(info.reason), dict(info.metadata)
+    return "", {}
 
 
-def _ints(text: str) -> list[int]:
-    return [int(n) for n in re.findall(r"\d+", text)]
+def _int(metadata: dict[str, str], key: str) -> int:
+    """An integer fact of the ``ErrorInfo`` metadata (0 if absent: an older gateway)."""
+    try:
+        return int(metadata.get(key, ""))
+    except ValueError:
+        return 0
+
+
+def _ids(metadata: dict[str, str]) -> list[int]:
+    return [int(i) for i in metadata.get("ids", "").split(",") if i.strip().isdigit()]
 
 
 def from_rpc_error(error: grpc.aio.AioRpcError, *, queue: str, target: str) -> BusError:
     """The busmq exception for a failed call on ``queue`` through ``target``."""
     code = error.code()
     message = error.details() or ""
-    reason = error_reason(error)
+    reason, metadata = error_info(error)
+    queue = metadata.get("queue") or queue
     if code is grpc.StatusCode.NOT_FOUND and reason in ("QUEUE_NOT_FOUND", ""):
         return QueueNotFoundError(queue)
     if code is grpc.StatusCode.INVALID_ARGUMENT:
         if reason == "INVALID_NAME":
-            return InvalidNameError(queue, message)
+            return InvalidNameError(
+                metadata.get("name") or queue, metadata.get("detail") or message
+            )
         if reason == "INVALID_MESSAGE":
             return InvalidMessageError(message)
         return InvalidRequestError(message)
     if code is grpc.StatusCode.FAILED_PRECONDITION:
-        return _precondition(reason, message, queue)
+        return _precondition(reason, metadata, message, queue)
     if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
-        numbers = _ints(message)
         if reason == "QUEUE_FULL":
-            return QueueFullError(queue, numbers[-1] if numbers else 0)
-        size, limit = (numbers[0], numbers[1]) if len(numbers) >= 2 else (0, 0)
-        return MessageTooLargeError(size, limit)
+            return QueueFullError(queue, _int(metadata, "max_backlog"))
+        return MessageTooLargeError(_int(metadata, "size"), _int(metadata, "limit"))
     if code in UNAUTHORIZED:
         return FederationUnauthorizedError(target)
+    outcome = _request_outcome(code, reason, metadata, message, queue)
+    if outcome is not None:
+        return outcome
     if code is grpc.StatusCode.DEADLINE_EXCEEDED:
         return BusTimeoutError(f"call on {queue!r} timed out: {message}", target)
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
@@ -155,13 +177,38 @@ def from_rpc_error(error: grpc.aio.AioRpcError, *, queue: str, target: str) -> B
     return RemoteError(code.name, reason, message)
 
 
-def _precondition(reason: str, message: str, queue: str) -> BusError:
+def _precondition(reason: str, metadata: dict[str, str], message: str, queue: str) -> BusError:
     if reason == "MODE_CONFLICT":
-        found = re.search(r"consumed in (\w+) mode; a (\w+) consumer", message)
-        current, requested = found.groups() if found else ("?", "?")
-        return ModeConflictError(queue, current, requested)
+        current = metadata.get("current_mode") or "?"
+        return ModeConflictError(queue, current, metadata.get("requested_mode") or "?")
     if reason == "NOT_PENDING":
-        return UnknownMessageError(queue, _ints(message.split(":", 1)[-1]))
+        return UnknownMessageError(queue, _ids(metadata))
     if reason == "NOT_ATTACHED":
         return NotAttachedError(queue)
     return RemoteError("FAILED_PRECONDITION", reason, message)
+
+
+def _request_outcome(
+    code: grpc.StatusCode, reason: str, metadata: dict[str, str], message: str, name: str
+) -> BusError | None:
+    """A request to a service that reached it and failed there (None: not such a status)."""
+    if code is grpc.StatusCode.ABORTED and reason == "HANDLER_FAILED":
+        return _service_error(metadata, name)
+    if code is grpc.StatusCode.DEADLINE_EXCEEDED and reason == "REQUEST_TIMEOUT":
+        return _request_timeout(metadata, name)
+    return None
+
+
+def _service_error(metadata: dict[str, str], name: str) -> ServiceError:
+    service = metadata.get("service") or name
+    return ServiceError(service, metadata.get("error_type") or "Error", metadata.get("detail", ""))
+
+
+def _request_timeout(metadata: dict[str, str], name: str) -> RequestTimeoutError:
+    service = metadata.get("service") or name
+    correlation_id = metadata.get("correlation_id", "")
+    try:
+        timeout = float(metadata.get("timeout", "").removesuffix("s"))
+    except ValueError:
+        timeout = 0.0
+    return RequestTimeoutError(service, correlation_id, timeout)

@@ -12,20 +12,27 @@ import asyncio
 import functools
 import logging
 import weakref
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, overload
 
+from ..channel import Channel, ChannelState
 from ..errors import BusError
 from ..events import Event
+from ..persistable import Persistable
 from ..queue import Queue
+from ..service import Service
 from .forwarder import Forwarder
 from .link import Link, LinkState
-from .outbox import Outbox
+from .outbox import DeadLetter, Outbox
 from .queue import ConsumerLag, FederatedQueue
 from .settings import FederationSettings, FederationTarget, normalize_url
 
 if TYPE_CHECKING:
     from ..bus import Bus
+    from .channel import FederatedChannel
+    from .persistable import FederatedPersistable
+    from .service import FederatedService
 
 
 class FederatedObject(Protocol):
@@ -50,6 +57,7 @@ class Reattachable(Protocol):
     async def reattach(self) -> bool:
         """Attach the remote queue again; whether it is attached now."""
 
+
 log = logging.getLogger(__name__)
 
 
@@ -65,10 +73,23 @@ class QueueStatus:
 
 
 @dataclass(frozen=True)
+class ChannelStatus:
+    """One federated channel end: the end's state (``connected``, ...), its link's
+    state, the sends waiting in the outbox, and how often its stream was reopened."""
+
+    name: str
+    role: str
+    state: ChannelState
+    link_state: LinkState
+    outbox_depth: int
+    reconnects: int
+
+
+@dataclass(frozen=True)
 class TargetStatus:
     """One gateway: link state, outbox depth (messages and pushes), probes made, and
-    its federated queues. ``lag_messages`` sums and ``lag_seconds`` is the largest lag
-    of the queues consumed here."""
+    its federated queues and channel ends. ``lag_messages`` sums and ``lag_seconds``
+    is the largest lag of the queues consumed here."""
 
     url: str
     state: LinkState
@@ -76,6 +97,7 @@ class TargetStatus:
     outbox_rows: int
     attempts: int
     queues: tuple[QueueStatus, ...]
+    channels: tuple[ChannelStatus, ...] = ()
 
     @property
     def lag_messages(self) -> int:
@@ -162,22 +184,50 @@ class FederationManager:
 
     # -- objects --------------------------------------------------------------------
 
-    def federate(self, obj: Queue | str, target: str, **options: Any) -> FederatedQueue:
-        """A federated handle on ``obj`` (a queue or a queue name) living behind
-        ``target``; ``options`` configure a target not in the settings (see
+    @overload
+    def federate(self, obj: Queue | str, target: str, **options: Any) -> FederatedQueue: ...
+    @overload
+    def federate(self, obj: Channel, target: str, **options: Any) -> FederatedChannel: ...
+    @overload
+    def federate(self, obj: Persistable, target: str, **options: Any) -> FederatedPersistable: ...
+    @overload
+    def federate(self, obj: Service, target: str, **options: Any) -> FederatedService: ...
+
+    def federate(
+        self, obj: Queue | str | Channel | Persistable | Service, target: str, **options: Any
+    ) -> FederatedQueue | FederatedChannel | FederatedPersistable | FederatedService:
+        """A federated handle on ``obj`` living behind ``target``: a queue (or a queue
+        name), a channel end, a persistable or a service, with the same API and events.
+        ``obj`` is only a description (name, roles, fields, options); nothing of it is
+        used locally. ``options`` configure a target not in the settings (see
         :class:`FederationTarget`)."""
         if self._closed:
             raise BusError("federation is closed")
-        if isinstance(obj, Queue):
-            name = obj.name
-        elif isinstance(obj, str):
-            name = obj
+        federated: FederatedQueue | FederatedChannel | FederatedPersistable | FederatedService
+        if isinstance(obj, Queue | str):
+            name = obj.name if isinstance(obj, Queue) else obj
+            link = self._link_for(target, options)
+            federated = FederatedQueue(self, link, name)
+            self._queues.add(federated)
+        elif isinstance(obj, Channel):
+            from .channel import FederatedChannel
+
+            federated = FederatedChannel(self, self._link_for(target, options), obj)
+        elif isinstance(obj, Persistable):
+            from .persistable import FederatedPersistable
+
+            federated = FederatedPersistable(self, self._link_for(target, options), obj)
+        elif isinstance(obj, Service):
+            from .service import FederatedService
+
+            federated = FederatedService(self, self._link_for(target, options), obj)
         else:
-            raise TypeError(f"only queues can be federated for now, not {type(obj).__name__}")
-        queue = FederatedQueue(self, self._link_for(target, options), name)
-        self._queues.add(queue)
-        self.track(queue)
-        return queue
+            raise TypeError(
+                "only queues, channels, persistables and services can be federated, "
+                f"not {type(obj).__name__}"
+            )
+        self.track(federated)
+        return federated
 
     def track(self, obj: FederatedObject) -> None:
         """Route the events of ``obj.link`` to ``obj`` and shut it down with the bus."""
@@ -234,10 +284,49 @@ class FederationManager:
         if forwarder is not None:
             forwarder.wake()
 
+    async def dead_letters(self) -> list[DeadLetter]:
+        """Pushes the gateways refused for good, oldest first (see :class:`Outbox`)."""
+        outbox = await self.ready_outbox()
+        return await outbox.dead_letters()
+
+    async def requeue_dead_letters(
+        self,
+        seqs: Iterable[int] | None = None,
+        *,
+        target: str | None = None,
+        queue: str | None = None,
+    ) -> int:
+        """Forward dead letters again, e.g. once the queue they were refused for exists:
+        those with the given ``seqs`` (all if ``None``) of ``target``/``queue`` if given
+        move to the outbox tail in their original order, keeping their ``request_id``,
+        and the forwarders are woken. Returns how many pushes were requeued; raises
+        ``OutboxFullError`` (and requeues nothing) if they do not fit in the outbox
+        (see :meth:`Outbox.requeue`)."""
+        outbox = await self.ready_outbox()
+        url = None if target is None else normalize_url(target)
+        requeued = await outbox.requeue(seqs, target=url, queue=queue)
+        for link_url in self.links if url is None else (url,):
+            self._outbox_changed(link_url)
+        return requeued
+
+    async def discard_dead_letters(
+        self,
+        seqs: Iterable[int] | None = None,
+        *,
+        target: str | None = None,
+        queue: str | None = None,
+    ) -> int:
+        """Delete dead letters for good (selected as in :meth:`requeue_dead_letters`);
+        returns how many were deleted."""
+        outbox = await self.ready_outbox()
+        url = None if target is None else normalize_url(target)
+        return await outbox.discard_dead_letters(seqs, target=url, queue=queue)
+
     # -- status ---------------------------------------------------------------------
 
     async def status(self) -> list[TargetStatus]:
-        """State, outbox depth and consumer lag per target and federated queue."""
+        """State, outbox depth and consumer lag per target, federated queue and
+        channel end."""
         result = []
         for url, link in self.links.items():
             queues = []
@@ -249,6 +338,10 @@ class FederationManager:
                     except BusError as exc:
                         log.debug("lag of %s: %s", queue.name, exc)
                 queues.append(QueueStatus(queue.name, link.state, queue.outbox_depth, lag))
+            channels = tuple(
+                ChannelStatus(c.name, c.role, c.state, link.state, c.outbox_depth, c.reconnects)
+                for c in sorted(self._channels_of(url), key=_by_name)
+            )
             result.append(
                 TargetStatus(
                     url,
@@ -257,9 +350,15 @@ class FederationManager:
                     self.outbox.rows(url),
                     link.attempts,
                     tuple(queues),
+                    channels,
                 )
             )
         return result
+
+    def _channels_of(self, url: str) -> list[FederatedChannel]:
+        from .channel import FederatedChannel
+
+        return [o for o in self._objects if isinstance(o, FederatedChannel) and o.link.url == url]
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -282,8 +381,8 @@ class FederationManager:
         await self.outbox.close()
 
 
-def _by_name(queue: FederatedQueue) -> str:
-    return queue.name
+def _by_name(obj: FederatedQueue | FederatedChannel) -> str:
+    return obj.name
 
 
 async def _quietly(step: Any) -> None:

@@ -16,7 +16,9 @@ One SQLite file (WAL journal, ``synchronous=FULL``: a commit is on disk before
 
 Rows are forwarded in ``seq`` order per queue and deleted once the gateway stored them;
 a row the gateway refuses for good (an invalid message, a queue that does not exist)
-moves to ``dead_letters`` so it cannot block the queue behind it.
+moves to ``dead_letters`` so it cannot block the queue behind it. Once the cause is
+fixed (e.g. the queue was created), :meth:`Outbox.requeue` moves dead letters back to
+the tail with their ``request_id``; :meth:`Outbox.discard_dead_letters` deletes them.
 
 Appends made in the same event-loop tick share one transaction (one fsync). SQLite runs
 on a dedicated thread. A lock file (``<path>.lock``, ``flock``) keeps a second process
@@ -239,8 +241,7 @@ class Outbox:
         The bound is checked and the push counted before anything is awaited, so
         pushes are ordered by call. Raises :class:`OutboxFullError` when full.
         """
-        if not self._opened or self._closed:
-            raise BusError("the outbox is not open")
+        self._require_open()
         self._check_room(target, queue, count)
         self._count(target, queue, count, +1)
         row = OutboxRow(0, target, queue, request_id, count, time.time(), request)
@@ -355,7 +356,8 @@ class Outbox:
             self._db.execute("DELETE FROM outbox WHERE seq = ?", (seq,))
 
     async def dead_letters(self) -> list[DeadLetter]:
-        """Pushes refused for good, oldest first (they stay until deleted by hand)."""
+        """Pushes refused for good, oldest first (they stay until requeued with
+        :meth:`requeue` or deleted with :meth:`discard_dead_letters`)."""
         return await self._run(self._select_dead)
 
     def _select_dead(self) -> list[DeadLetter]:
@@ -368,6 +370,139 @@ class Outbox:
             DeadLetter(OutboxRow(s, t, q, r, c, cr, bytes(m)), f, e)
             for s, t, q, r, c, cr, m, f, e in found
         ]
+
+    async def requeue(
+        self,
+        seqs: Iterable[int] | None = None,
+        *,
+        target: str | None = None,
+        queue: str | None = None,
+    ) -> int:
+        """Move dead letters back to the tail of the outbox; returns how many rows moved.
+
+        Selects the dead letters with the given ``seqs`` (all if ``None``) that also
+        match ``target`` and ``queue`` when given. They get new ``seq`` numbers at the
+        tail, in their original order, and keep their ``request_id``: a push that was
+        stored after all is recognised by the gateway (within its dedupe window) and
+        not stored twice. ``created`` becomes the time of the requeue, so ``max_age``
+        counts from now rather than refusing every push at once for an old row.
+
+        Requeueing is admitted like a push of the same size: it never takes the outbox
+        above ``max_messages`` (or past ``max_age``); if the selection does not fit, it
+        raises :class:`OutboxFullError` and moves nothing. Requeue in smaller selections
+        (by ``seqs`` or ``queue``) or once the outbox has drained. A requeued row of a
+        queue goes after that queue's rows already waiting, so pushes made meanwhile
+        arrive first, and new pushes to the queue wait behind it (order).
+        """
+        self._require_open()
+        wanted = None if seqs is None else sorted(set(seqs))
+        if wanted == []:
+            return 0
+        found = await self._run(self._select_dead_keys, wanted, target, queue)
+        if not found:
+            return 0
+        total = sum(count for _, _, _, count in found)
+        first_target, first_queue = found[0][1], found[0][2]
+        self._check_room(first_target, first_queue, total)
+        for _, row_target, row_queue, count in found:  # visible to pushes at once
+            self._count(row_target, row_queue, count, +1)
+        now = time.time()
+        try:
+            moved = await self._run(self._move_back, [key[0] for key in found], now)
+        except BaseException:
+            for _, row_target, row_queue, count in found:
+                self._count(row_target, row_queue, count, -1)
+            raise
+        targets = set()
+        for (old_seq, row_target, row_queue, count), new_seq in zip(found, moved, strict=True):
+            if new_seq is None:  # discarded or requeued concurrently
+                self._count(row_target, row_queue, count, -1)
+                continue
+            self._oldest[new_seq] = now
+            targets.add(row_target)
+            log.info("outbox %s: dead letter #%d requeued as #%d", self.path, old_seq, new_seq)
+        for row_target in targets:
+            self.on_change(row_target)
+        return sum(1 for new_seq in moved if new_seq is not None)
+
+    async def discard_dead_letters(
+        self,
+        seqs: Iterable[int] | None = None,
+        *,
+        target: str | None = None,
+        queue: str | None = None,
+    ) -> int:
+        """Delete dead letters for good (selected as in :meth:`requeue`); returns how
+        many rows were deleted."""
+        self._require_open()
+        wanted = None if seqs is None else sorted(set(seqs))
+        if wanted == []:
+            return 0
+        found = await self._run(self._select_dead_keys, wanted, target, queue)
+        if not found:
+            return 0
+        return await self._run(self._delete_dead, [key[0] for key in found])
+
+    def _require_open(self) -> None:
+        if not self._opened or self._closed:
+            raise BusError("the outbox is not open")
+
+    def _select_dead_keys(
+        self, seqs: list[int] | None, target: str | None, queue: str | None
+    ) -> list[tuple[int, str, str, int]]:
+        """(seq, target, queue, count) of the matching dead letters, in ``seq`` order."""
+        assert self._db is not None
+        where, params = [], list[Any]()
+        if target is not None:
+            where.append("target = ?")
+            params.append(target)
+        if queue is not None:
+            where.append("queue = ?")
+            params.append(queue)
+        sql = "SELECT seq, target, queue, count FROM dead_letters"
+        chunks: list[list[int] | None] = [None]
+        if seqs is not None:
+            chunks = [seqs[i : i + _CHUNK] for i in range(0, len(seqs), _CHUNK)]
+        found: list[tuple[int, str, str, int]] = []
+        for chunk in chunks:
+            clauses, args = list(where), list(params)
+            if chunk is not None:
+                clauses.append(f"seq IN ({','.join('?' * len(chunk))})")
+                args.extend(chunk)
+            condition = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+            found.extend(self._db.execute(sql + condition, args).fetchall())
+        return sorted(found)
+
+    def _move_back(self, seqs: list[int], created: float) -> list[int | None]:
+        """Move dead letters to the outbox tail in this order (one transaction); the new
+        seq of each, or None for one that is no longer there."""
+        assert self._db is not None
+        moved: list[int | None] = []
+        with _transaction(self._db):
+            for seq in seqs:
+                cursor = self._db.execute(
+                    "INSERT INTO outbox (target, queue, request_id, count, messages, created)"
+                    " SELECT target, queue, request_id, count, messages, ?"
+                    " FROM dead_letters WHERE seq = ?",
+                    (created, seq),
+                )
+                if cursor.rowcount != 1:
+                    moved.append(None)
+                    continue
+                moved.append(cursor.lastrowid)
+                self._db.execute("DELETE FROM dead_letters WHERE seq = ?", (seq,))
+        return moved
+
+    def _delete_dead(self, seqs: list[int]) -> int:
+        assert self._db is not None
+        deleted = 0
+        with _transaction(self._db):
+            for i in range(0, len(seqs), _CHUNK):
+                chunk = seqs[i : i + _CHUNK]
+                marks = ",".join("?" * len(chunk))
+                cursor = self._db.execute(f"DELETE FROM dead_letters WHERE seq IN ({marks})", chunk)
+                deleted += cursor.rowcount
+        return deleted
 
     def _forget(self, rows: list[OutboxRow]) -> None:
         targets = set()

@@ -154,15 +154,18 @@ class FederatedQueue:
         max_backlog: int | None = None,
     ) -> bool:
         """Attach to the remote queue, creating it if needed; returns whether it was
-        created. Arguments as :meth:`busmq.Queue.attach` (``max_backlog=0`` keeps the
-        current limit: the gateway API cannot remove one)."""
+        created. Arguments as :meth:`busmq.Queue.attach`: ``max_backlog=None`` keeps the
+        current limit, ``0`` removes it (``AttachQueueRequest.remove_max_backlog``; a
+        gateway older than that field ignores it and keeps the limit)."""
         if self._attachment is not None:
             return False
         if ttl is not None and ttl <= 0:
             raise ValueError("ttl must be positive")
         if max_backlog is not None and max_backlog < 0:
             raise ValueError("max_backlog must not be negative")
-        request = pb.AttachQueueRequest(queue=self.name, max_backlog=max_backlog or 0)
+        request = pb.AttachQueueRequest(
+            queue=self.name, max_backlog=max_backlog or 0, remove_max_backlog=max_backlog == 0
+        )
         if ttl is not None:
             request.ttl.CopyFrom(duration(ttl))
         if retention is not None:

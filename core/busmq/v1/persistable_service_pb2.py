@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"busmq/v1/persistable_service.proto\x12\x08\x62usmq.v1\x1a\x1egoogle/protobuf/duration.proto\"\xbb\x01\n\x16SavePersistableRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12<\n\x06\x66ields\x18\x02 \x03(\x0b\x32,.busmq.v1.SavePersistableRequest.FieldsEntry\x12&\n\x03ttl\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x1a-\n\x0b\x46ieldsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x19\n\x17SavePersistableResponse\"6\n\x16LoadPersistableRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06\x66ields\x18\x02 \x03(\t\"\xbf\x01\n\x17LoadPersistableResponse\x12\x0e\n\x06\x65xists\x18\x01 \x01(\x08\x12=\n\x06\x66ields\x18\x02 \x03(\x0b\x32-.busmq.v1.LoadPersistableResponse.FieldsEntry\x12&\n\x03ttl\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x1a-\n\x0b\x46ieldsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"O\n\x17RenewPersistableRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12&\n\x03ttl\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x1a\n\x18RenewPersistableResponse2\x9f\x02\n\x12PersistableService\x12V\n\x0fSavePersistable\x12 .busmq.v1.SavePersistableRequest\x1a!.busmq.v1.SavePersistableResponse\x12V\n\x0fLoadPersistable\x12 .busmq.v1.LoadPersistableRequest\x1a!.busmq.v1.LoadPersistableResponse\x12Y\n\x10RenewPersistable\x12!.busmq.v1.RenewPersistableRequest\x1a\".busmq.v1.RenewPersistableResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"busmq/v1/persistable_service.proto\x12\x08\x62usmq.v1\x1a\x1egoogle/protobuf/duration.proto\"\xbb\x01\n\x16SavePersistableRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12<\n\x06\x66ields\x18\x02 \x03(\x0b\x32,.busmq.v1.SavePersistableRequest.FieldsEntry\x12&\n\x03ttl\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x1a-\n\x0b\x46ieldsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x19\n\x17SavePersistableResponse\"6\n\x16LoadPersistableRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06\x66ields\x18\x02 \x03(\t\"\xbf\x01\n\x17LoadPersistableResponse\x12\x0e\n\x06\x65xists\x18\x01 \x01(\x08\x12=\n\x06\x66ields\x18\x02 \x03(\x0b\x32-.busmq.v1.LoadPersistableResponse.FieldsEntry\x12&\n\x03ttl\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x1a-\n\x0b\x46ieldsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"O\n\x17RenewPersistableRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12&\n\x03ttl\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x1a\n\x18RenewPersistableResponse\"(\n\x18\x44\x65letePersistableRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x1b\n\x19\x44\x65letePersistableResponse2\xfd\x02\n\x12PersistableService\x12V\n\x0fSavePersistable\x12 .busmq.v1.SavePersistableRequest\x1a!.busmq.v1.SavePersistableResponse\x12V\n\x0fLoadPersistable\x12 .busmq.v1.LoadPersistableRequest\x1a!.busmq.v1.LoadPersistableResponse\x12Y\n\x10RenewPersistable\x12!.busmq.v1.RenewPersistableRequest\x1a\".busmq.v1.RenewPersistableResponse\x12\\\n\x11\x44\x65letePersistable\x12\".busmq.v1.DeletePersistableRequest\x1a#.busmq.v1.DeletePersistableResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -52,6 +52,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RENEWPERSISTABLEREQUEST']._serialized_end=626
   _globals['_RENEWPERSISTABLERESPONSE']._serialized_start=628
   _globals['_RENEWPERSISTABLERESPONSE']._serialized_end=654
-  _globals['_PERSISTABLESERVICE']._serialized_start=657
-  _globals['_PERSISTABLESERVICE']._serialized_end=944
+  _globals['_DELETEPERSISTABLEREQUEST']._serialized_start=656
+  _globals['_DELETEPERSISTABLEREQUEST']._serialized_end=696
+  _globals['_DELETEPERSISTABLERESPONSE']._serialized_start=698
+  _globals['_DELETEPERSISTABLERESPONSE']._serialized_end=725
+  _globals['_PERSISTABLESERVICE']._serialized_start=728
+  _globals['_PERSISTABLESERVICE']._serialized_end=1109
 # @@protoc_insertion_point(module_scope)

@@ -66,3 +66,13 @@ class RenewPersistableRequest(_message.Message):
 class RenewPersistableResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class DeletePersistableRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class DeletePersistableResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

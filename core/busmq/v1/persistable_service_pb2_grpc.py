@@ -58,6 +58,11 @@ class PersistableServiceStub:
                 request_serializer=busmq_dot_v1_dot_persistable__service__pb2.RenewPersistableRequest.SerializeToString,
                 response_deserializer=busmq_dot_v1_dot_persistable__service__pb2.RenewPersistableResponse.FromString,
                 _registered_method=True)
+        self.DeletePersistable = channel.unary_unary(
+                '/busmq.v1.PersistableService/DeletePersistable',
+                request_serializer=busmq_dot_v1_dot_persistable__service__pb2.DeletePersistableRequest.SerializeToString,
+                response_deserializer=busmq_dot_v1_dot_persistable__service__pb2.DeletePersistableResponse.FromString,
+                _registered_method=True)
 
 
 class PersistableServiceServicer:
@@ -93,6 +98,13 @@ class PersistableServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeletePersistable(self, request, context):
+        """Removes the object for every client (a missing object is not an error).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PersistableServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -110,6 +122,11 @@ def add_PersistableServiceServicer_to_server(servicer, server):
                     servicer.RenewPersistable,
                     request_deserializer=busmq_dot_v1_dot_persistable__service__pb2.RenewPersistableRequest.FromString,
                     response_serializer=busmq_dot_v1_dot_persistable__service__pb2.RenewPersistableResponse.SerializeToString,
+            ),
+            'DeletePersistable': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeletePersistable,
+                    request_deserializer=busmq_dot_v1_dot_persistable__service__pb2.DeletePersistableRequest.FromString,
+                    response_serializer=busmq_dot_v1_dot_persistable__service__pb2.DeletePersistableResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -202,6 +219,33 @@ class PersistableService:
             '/busmq.v1.PersistableService/RenewPersistable',
             busmq_dot_v1_dot_persistable__service__pb2.RenewPersistableRequest.SerializeToString,
             busmq_dot_v1_dot_persistable__service__pb2.RenewPersistableResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeletePersistable(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/busmq.v1.PersistableService/DeletePersistable',
+            busmq_dot_v1_dot_persistable__service__pb2.DeletePersistableRequest.SerializeToString,
+            busmq_dot_v1_dot_persistable__service__pb2.DeletePersistableResponse.FromString,
             options,
             channel_credentials,
             insecure,

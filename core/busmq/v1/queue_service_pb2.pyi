@@ -11,18 +11,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class AttachQueueRequest(_message.Message):
-    __slots__ = ("queue", "ttl", "max_length", "max_age", "max_backlog")
+    __slots__ = ("queue", "ttl", "max_length", "max_age", "max_backlog", "remove_max_backlog")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     TTL_FIELD_NUMBER: _ClassVar[int]
     MAX_LENGTH_FIELD_NUMBER: _ClassVar[int]
     MAX_AGE_FIELD_NUMBER: _ClassVar[int]
     MAX_BACKLOG_FIELD_NUMBER: _ClassVar[int]
+    REMOVE_MAX_BACKLOG_FIELD_NUMBER: _ClassVar[int]
     queue: str
     ttl: _duration_pb2.Duration
     max_length: int
     max_age: _duration_pb2.Duration
     max_backlog: int
-    def __init__(self, queue: _Optional[str] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_length: _Optional[int] = ..., max_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_backlog: _Optional[int] = ...) -> None: ...
+    remove_max_backlog: bool
+    def __init__(self, queue: _Optional[str] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_length: _Optional[int] = ..., max_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_backlog: _Optional[int] = ..., remove_max_backlog: _Optional[bool] = ...) -> None: ...
 
 class AttachQueueResponse(_message.Message):
     __slots__ = ("attachment_id", "created", "lease_duration")

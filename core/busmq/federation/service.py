@@ -1,0 +1,729 @@
+"""Federated services: request/reply with a service whose queue lives behind a gateway.
+
+``bus.federate(bus.service("pricing", timeout=5), "https://gateway-a:8443")`` returns a
+:class:`FederatedService` with the API and events of :class:`busmq.Service`, over the
+gateway's ``busmq.v1.RequestService``:
+
+* ``request`` is one ``Call`` and ``request_stream`` one ``CallStream``. The timeout
+  travels in the call and the gateway enforces it; the call's gRPC deadline is the
+  timeout plus a margin, so the gateway's ``REQUEST_TIMEOUT`` normally wins (either
+  way the requester gets :class:`~busmq.RequestTimeoutError`). A handler that raised
+  comes back as :class:`~busmq.ServiceError` with the handler's exception type.
+* Requests never go to the durable outbox: a request is synchronous (its requester
+  waits for the reply within a timeout, and a reply could not come back through the
+  outbox), and one replayed minutes later would run a handler for a requester that gave
+  up. So while the link is not usable a request fails at once with
+  :class:`~busmq.BusUnavailableError` (``FederationUnauthorizedError`` while the gateway
+  refuses the credentials), and so does a call that the network cut; the handler may
+  or may not have run, the requester decides whether to retry.
+* ``serve`` holds a ``Serve`` stream. The gateway consumes the service's request queue
+  at-least-once, as a local ``serve`` does, and hands each request over with a
+  ``request_id``; the handler runs here and answers with ``Reply`` calls: a value, a
+  streamed reply as chunks (the items that are ready go in one call, the last call has
+  ``end``), or an error. A stream that breaks (network cut, gateway restart or drain)
+  is reopened with backoff once the link is usable (a ``serving`` event with
+  ``resumed``). The gateway gives the broken stream's unanswered requests back to the
+  queue, so they are redelivered (here or to another handler) with a higher
+  ``delivery_count``; a handler still running on one of them finishes, but its reply
+  finds the request gone (``NOT_FOUND REQUEST_NOT_FOUND``) and is dropped. A handler
+  may thus run twice for one request, as when a local handler dies; the requester gets
+  one reply. A ``Reply`` that failed in transit while its stream still stands makes
+  the stream reopen, so that the gateway gives that request back too (the counterpart
+  of a local reply that Redis refused: the request is not acked). Refusals (bad
+  arguments, wrong credentials) end ``serve`` with the mapped error.
+* ``Request.correlation_id`` is empty for handlers served here: the gateway hands over
+  the requester's own headers only.
+
+Events on ``service.events``, with the service name as source: ``serving`` (details
+``concurrency``, and ``resumed`` after a reopen), ``stopped``, ``error`` (a stream
+broke, or a reply could not be sent); and the link's ``ready``, ``unauthorized``,
+``closed``, ``error`` and ``state``, with the link URL as source.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from ..errors import (
+    BusClosedError,
+    BusError,
+    BusTimeoutError,
+    BusUnavailableError,
+    InvalidMessageError,
+    RequestTimeoutError,
+    ServiceError,
+)
+from ..events import Event, EventHub
+from ..message import Payload, encode
+from ..service import RESERVED_HEADER_PREFIX, Handler, Request, Service
+from ..v1 import request_service_pb2 as pb
+from ..v1 import request_service_pb2_grpc as pb_grpc
+from ..v1 import types_pb2
+from .backoff import Backoff
+from .convert import duration, message_from_proto, outgoing, payload_value, value_to_payload
+from .errors import error_reason, from_rpc_error
+from .link import Link, LinkState
+
+if TYPE_CHECKING:
+    from .manager import FederationManager
+
+log = logging.getLogger(__name__)
+
+DEADLINE_MARGIN = 1.0
+"""Seconds added to a request's timeout for its gRPC deadline, so that the gateway's own
+timeout (with its typed ``REQUEST_TIMEOUT``) normally ends the call first."""
+_MAX_CHUNK_ITEMS = 500
+_MAX_CHUNK_BYTES = 1024 * 1024  # a soft bound: one item alone may be larger
+# Statuses after which a Serve stream is reopened; anything else ends serve().
+_RESUMABLE = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.ABORTED,
+    }
+)
+# Statuses of a Reply that did not get through (as opposed to a refusal of its content).
+_IN_TRANSIT = _RESUMABLE | {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED}
+
+
+class _Broken(Exception):
+    """The Serve stream could not be opened or broke in a way worth reopening after."""
+
+    def __init__(self, error: BusError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class _NotAwaited(Exception):
+    """The gateway no longer awaits a reply to the request (its stream ended, or the
+    requester gave up): the request was given back or is moot."""
+
+
+class _ReplyFailed(Exception):
+    """A Reply did not get through, although its request may still be awaited."""
+
+    def __init__(self, error: BusError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class _Run:
+    """One ``serve()``: its handler and options, stop and restart signals, and the
+    handler tasks (they outlive the streams they came from)."""
+
+    def __init__(self, handler: Handler, concurrency: int, visibility_timeout: float) -> None:
+        self.handler = handler
+        self.concurrency = concurrency
+        self.visibility_timeout = visibility_timeout
+        self.slots = asyncio.Semaphore(concurrency)
+        self.running: set[asyncio.Task[None]] = set()
+        self.stopping = asyncio.Event()
+        self.restart = asyncio.Event()
+        self.generation = 0  # the current stream (one more at every reopen)
+        self.killed = False
+        self.task: asyncio.Task[None] | None = None
+        self.done = asyncio.Event()
+
+    def restart_if_current(self, generation: int) -> None:
+        if generation == self.generation:
+            self.restart.set()
+
+
+class FederatedService:
+    """A service behind a remote gateway, with the API and events of
+    :class:`busmq.Service`; see the module docstring.
+
+    Attributes:
+        name: the service name.
+        timeout: default seconds a request waits for its reply (for a stream: for each
+            next item), taken from the service given to ``bus.federate``.
+        link: the :class:`~busmq.federation.Link` to the gateway.
+    """
+
+    def __init__(self, manager: FederationManager, link: Link, service: Service) -> None:
+        self.name = service.name
+        self.timeout = service.timeout
+        self.link = link
+        self.events: EventHub[Event] = EventHub()
+        self._manager = manager
+        self._closed = False
+        self._runs: set[_Run] = set()
+        self._calls: set[Any] = set()  # requests in flight (gRPC calls)
+        self._link_changed = asyncio.Event()  # replaced at every link state change
+
+    def __repr__(self) -> str:
+        return (
+            f"<FederatedService {self.name!r} via {self.link.url} "
+            f"pending={len(self._calls)} serving={len(self._runs)}>"
+        )
+
+    @property
+    def target(self) -> str:
+        return self.link.url
+
+    @property
+    def state(self) -> LinkState:
+        """The link's state (``ready``, ``disconnected``, ...)."""
+        return self.link.state
+
+    # -- requesting ----------------------------------------------------------------------
+
+    async def request(
+        self,
+        payload: Payload,
+        *,
+        headers: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        """Send a request and return the reply, as :meth:`busmq.Service.request` (a
+        streamed reply comes as the list of its items; items that are bytes need
+        :meth:`request_stream`).
+
+        Raises:
+            RequestTimeoutError: no complete reply within ``timeout`` seconds.
+            ServiceError: the handler raised.
+            BusUnavailableError: the link is not usable, or the call was cut.
+            FederationUnauthorizedError: the gateway refuses the credentials.
+            InvalidMessageError: the payload or headers cannot be sent.
+        """
+        limit = self._timeout(timeout)
+        message = self._outgoing(payload, headers)
+        await self._ready()
+        link = self.link
+        request = pb.CallRequest(service=self.name, request=message, timeout=duration(limit))
+        call = self._stub().Call(request, metadata=link.metadata, timeout=limit + DEADLINE_MARGIN)
+        with self._tracked(call):
+            try:
+                response = await call
+            except grpc.aio.AioRpcError as exc:
+                raise self._request_error(exc, limit) from None
+        return payload_value(response.reply.payload, response.reply.kind)
+
+    async def request_stream(
+        self,
+        payload: Payload,
+        *,
+        headers: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> AsyncIterator[Any]:
+        """Send a request and yield the handler's items in order until its end, as
+        :meth:`busmq.Service.request_stream` (``timeout`` bounds the wait for each item).
+
+        Raises:
+            RequestTimeoutError: an item did not come within ``timeout`` seconds.
+            ServiceError: the handler raised (after the items it produced).
+            BusUnavailableError: the link is not usable, or the stream was cut (or the
+                gateway shut down) before the end of the reply.
+        """
+        limit = self._timeout(timeout)
+        message = self._outgoing(payload, headers)
+        await self._ready()
+        request = pb.CallStreamRequest(service=self.name, request=message, timeout=duration(limit))
+        call = self._stub().CallStream(request, metadata=self.link.metadata)
+        try:
+            with self._tracked(call):
+                while True:
+                    try:
+                        item = await self._next_item(call, limit)
+                    except grpc.aio.AioRpcError as exc:
+                        raise self._request_error(exc, limit) from None
+                    if item is None:
+                        return
+                    yield payload_value(item.payload, item.kind)
+        finally:
+            call.cancel()  # a no-op once the stream ended
+
+    async def _next_item(self, call: Any, limit: float) -> pb.ReplyPayload | None:
+        """The next item of a CallStream (None at its end), within ``limit`` seconds plus
+        the margin; heartbeats are skipped."""
+        deadline = asyncio.get_running_loop().time() + limit + DEADLINE_MARGIN
+        draining = False
+        while True:
+            scope = asyncio.timeout_at(deadline)
+            try:
+                async with scope:
+                    response = await call.read()
+            except TimeoutError:
+                if scope.expired():
+                    raise RequestTimeoutError(self.name, "", limit) from None
+                raise
+            if response is grpc.aio.EOF:
+                if draining:
+                    raise BusUnavailableError(
+                        f"service {self.name!r}: the gateway shut down before the end of the reply",
+                        self.link.url,
+                    )
+                return None
+            event = response.WhichOneof("event")
+            if event == "item":
+                return response.item  # type: ignore[no-any-return]
+            if event == "state" and response.state.kind == "draining":
+                draining = True
+
+    def _timeout(self, timeout: float | None) -> float:
+        limit = self.timeout if timeout is None else timeout
+        if limit <= 0:
+            raise ValueError(f"timeout must be positive, got {limit!r}")
+        return limit
+
+    def _outgoing(
+        self, payload: Payload, headers: Mapping[str, str] | None
+    ) -> types_pb2.OutgoingMessage:
+        """The request as sent, refused here (as the local service does) if it cannot be."""
+        self._require_open()
+        if headers and any(
+            isinstance(k, str) and k.startswith(RESERVED_HEADER_PREFIX) for k in headers
+        ):
+            raise InvalidMessageError(
+                f"headers starting with {RESERVED_HEADER_PREFIX!r} are reserved"
+            )
+        encoded = encode(payload, headers, self._manager.bus.settings.max_message_bytes)
+        return outgoing([encoded])[0]
+
+    async def _ready(self) -> None:
+        """Fail fast unless the link is usable (waiting only for a new link's first probe)."""
+        link = self.link
+        if link.state is LinkState.CONNECTING:
+            await link.wait_settled(link.settings.connect_timeout)
+        if link.state is LinkState.CLOSED:
+            raise BusClosedError(f"the link to {link.url} is closed")
+        link.require_authorized()
+        if not link.usable:
+            raise BusUnavailableError(
+                f"service {self.name!r}: the link is {link.state.value} (requests are not queued)",
+                link.url,
+            )
+
+    @contextlib.contextmanager
+    def _tracked(self, call: Any) -> Iterator[None]:
+        """Keep ``call`` cancellable by :meth:`close`, whose cancellation the waiting
+        requester sees as :class:`BusClosedError`."""
+        self._calls.add(call)
+        try:
+            yield
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if self._closed and call.cancelled() and (task is None or not task.cancelling()):
+                raise BusClosedError(f"service {self.name!r} is closed") from None
+            raise
+        finally:
+            self._calls.discard(call)
+
+    def _request_error(self, exc: grpc.aio.AioRpcError, limit: float) -> BusError:
+        reason = error_reason(exc)
+        if reason != "REQUEST_TIMEOUT":  # a slow handler says nothing about the link
+            self.link.report(exc)
+        if exc.code() is grpc.StatusCode.DEADLINE_EXCEEDED and not reason:
+            # Our deadline (the timeout plus the margin) passed before the gateway's.
+            return RequestTimeoutError(self.name, "", limit)
+        return self._error(exc)
+
+    # -- serving -----------------------------------------------------------------------
+
+    async def serve(
+        self,
+        handler: Handler,
+        *,
+        concurrency: int = 16,
+        visibility_timeout: float = 30.0,
+    ) -> None:
+        """Handle requests until :meth:`stop_serving` or :meth:`close` (or cancellation),
+        as :meth:`busmq.Service.serve`, across link breaks (see the module docstring).
+
+        ``concurrency`` is also the number of requests the gateway hands over at once
+        (at most its ``max_prefetch``); ``visibility_timeout`` is how long one may stay
+        unanswered before it is redelivered to another handler.
+
+        Raises:
+            FederationUnauthorizedError: the gateway refuses the credentials.
+            InvalidRequestError: the gateway refused an argument (e.g. concurrency).
+            BusClosedError: the link was closed while serving.
+        """
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+        if visibility_timeout <= 0:
+            raise ValueError(f"visibility_timeout must be positive, got {visibility_timeout!r}")
+        self._require_open()
+        run = _Run(handler, concurrency, visibility_timeout)
+        self._runs.add(run)
+        run.task = asyncio.create_task(self._serve(run), name=f"busmq-federated-serve {self.name}")
+        try:
+            await run.task
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if run.killed and (task is None or not task.cancelling()):
+                return  # the bus closed
+            raise
+        finally:
+            self._runs.discard(run)
+            run.done.set()
+            self.events.emit(Event("stopped", self.name))
+
+    def stop_serving(self) -> None:
+        """Make every ``serve()`` of this object finish the requests it has and return."""
+        for run in self._runs:
+            run.stopping.set()
+
+    async def _serve(self, run: _Run) -> None:
+        settings = self.link.settings
+        backoff = Backoff(settings.reconnect_backoff_initial, settings.reconnect_backoff_max)
+        resumed = False
+        try:
+            while not run.stopping.is_set():
+                opened = await self._connect(run, backoff)
+                if opened is None:
+                    break
+                call, concurrency = opened
+                backoff.reset()
+                details: dict[str, Any] = {"concurrency": concurrency}
+                if resumed:
+                    details["resumed"] = True
+                self.events.emit(Event("serving", self.name, details=details))
+                if await self._session(run, call):
+                    break
+                resumed = True
+                await _wait_any(run.stopping, timeout=backoff.next())
+            # Stopped between streams: finish what the broken ones left running.
+            await asyncio.gather(*run.running, return_exceptions=True)
+        finally:
+            for task in run.running:
+                task.cancel()
+            await asyncio.gather(*run.running, return_exceptions=True)
+
+    async def _connect(self, run: _Run, backoff: Backoff) -> tuple[Any, int] | None:
+        """Open a Serve stream once the link is usable; None if stopped meanwhile."""
+        link = self.link
+        while not run.stopping.is_set():
+            if link.state is LinkState.CONNECTING:
+                await link.wait_settled(link.settings.connect_timeout)
+            if link.state is LinkState.CLOSED:
+                raise BusClosedError(f"the link to {link.url} is closed")
+            link.require_authorized()
+            if not link.usable:
+                await _wait_any(run.stopping, self._link_changed)
+                continue
+            try:
+                return await self._open(run)
+            except _Broken as broken:
+                self._report(broken.error)
+                await _wait_any(run.stopping, timeout=backoff.next())
+        return None
+
+    async def _open(self, run: _Run) -> tuple[Any, int]:
+        """Open a stream and wait for its ``started`` event; the call and the effective
+        concurrency. Raises the mapped error for refusals, :class:`_Broken` otherwise."""
+        link = self.link
+        request = pb.ServeRequest(
+            service=self.name,
+            concurrency=run.concurrency,
+            visibility_timeout=duration(run.visibility_timeout),
+        )
+        call = self._stub().Serve(request, metadata=link.metadata, wait_for_ready=True)
+        try:
+            async with asyncio.timeout(link.settings.connect_timeout):
+                first = await call.read()
+        except TimeoutError:
+            call.cancel()
+            raise _Broken(BusTimeoutError("opening the Serve stream timed out", link.url)) from None
+        except grpc.aio.AioRpcError as exc:
+            raise self._classify(exc) from None
+        except BaseException:
+            call.cancel()
+            raise
+        if first is grpc.aio.EOF:
+            raise _Broken(BusUnavailableError("the Serve stream ended at once", link.url))
+        started = first.WhichOneof("event") == "started"
+        return call, int(first.started.concurrency) if started else run.concurrency
+
+    async def _session(self, run: _Run, call: Any) -> bool:
+        """Take requests from one stream until it breaks (False) or serving stops (True:
+        the requests in hand were answered while the stream stood, to take the replies)."""
+        run.generation += 1
+        run.restart.clear()
+        reader = asyncio.create_task(
+            self._pump(run, call, run.generation), name=f"busmq-federated-serve-read {self.name}"
+        )
+        stop = asyncio.ensure_future(run.stopping.wait())
+        restart = asyncio.ensure_future(run.restart.wait())
+        try:
+            await asyncio.wait({reader, stop, restart}, return_when=asyncio.FIRST_COMPLETED)
+            if run.stopping.is_set():
+                await asyncio.gather(*run.running, return_exceptions=True)
+                return True
+            if reader.done() and not reader.cancelled():
+                error = reader.exception()
+                if not isinstance(error, _Broken):
+                    raise error or BusError("the Serve stream reader ended")
+                self._report(error.error)
+            else:
+                log.info("service %s: reopening the Serve stream to give back a request", self.name)
+            return False
+        finally:
+            stop.cancel()
+            restart.cancel()
+            reader.cancel()
+            call.cancel()  # the gateway gives back the requests still unanswered
+            await asyncio.gather(reader, return_exceptions=True)
+
+    async def _pump(self, run: _Run, call: Any, generation: int) -> None:
+        """Start a handler task per request; raises when the stream ends."""
+        while True:
+            try:
+                response = await call.read()
+            except grpc.aio.AioRpcError as exc:
+                raise self._classify(exc) from None
+            if response is grpc.aio.EOF:
+                # The gateway ended it (draining): reopening finds another one.
+                raise _Broken(
+                    BusUnavailableError("the gateway ended the Serve stream", self.target)
+                )
+            event = response.WhichOneof("event")
+            if event == "request":
+                if run.stopping.is_set():
+                    continue  # given back when the stream closes
+                await run.slots.acquire()
+                if run.stopping.is_set():
+                    run.slots.release()
+                    continue
+                task = asyncio.create_task(self._handle(run, response.request, generation))
+                run.running.add(task)
+                task.add_done_callback(run.running.discard)
+            elif event == "state":
+                log.info("service %s: the gateway is %s", self.name, response.state.kind)
+
+    async def _handle(self, run: _Run, served: pb.ServedRequest, generation: int) -> None:
+        try:
+            request = Request(message_from_proto(served.message), served.delivery_count or 1)
+            try:
+                await self._answer(run.handler, request, _Reply(self, served.request_id))
+            except _ReplyFailed as failed:
+                log.warning("service %s: could not reply: %s", self.name, failed.error)
+                self.events.emit(Event("error", self.name, error=failed.error))
+                run.restart_if_current(generation)
+        finally:
+            run.slots.release()
+
+    async def _answer(self, handler: Handler, request: Request, reply: _Reply) -> None:
+        """Run the handler and send its reply; raises :class:`_ReplyFailed` if a reply
+        did not get through."""
+        try:
+            result = handler(request)
+            if not isinstance(result, AsyncIterator):
+                result = await result  # a coroutine may return an async iterator: streamed
+            if isinstance(result, AsyncIterator):
+                await _send_stream(result, reply)
+            else:
+                await reply.value(result)
+        except _NotAwaited:
+            log.debug("service %s: a reply is no longer awaited; dropped", self.name)
+        except _ReplyFailed:
+            raise
+        except Exception as exc:
+            log.info("service %s: handler raised %r", self.name, exc)
+            await self._send_error(reply, exc)
+
+    async def _send_error(self, reply: _Reply, exc: Exception) -> None:
+        # A handler that passes on a ServiceError (a proxy of another service) passes on
+        # the original error's type and message, as the core does.
+        if isinstance(exc, ServiceError):
+            error_type, detail = exc.error_type, exc.detail
+        else:
+            error_type, detail = type(exc).__name__, str(exc)
+        try:
+            await reply.error(error_type, detail)
+        except _NotAwaited:
+            log.debug("service %s: an error reply is no longer awaited; dropped", self.name)
+        except BusError as refused:
+            log.warning("service %s: the gateway refused an error reply: %s", self.name, refused)
+
+    def _classify(self, exc: grpc.aio.AioRpcError) -> Exception:
+        """``_Broken`` for a status worth reopening after, the mapped error otherwise."""
+        self.link.report(exc)
+        error = self._error(exc)
+        if exc.code() in _RESUMABLE:
+            return _Broken(error)
+        return error
+
+    def _report(self, error: BusError) -> None:
+        log.info("service %s: the Serve stream broke: %s", self.name, error)
+        self.events.emit(Event("error", self.name, error=error))
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Stop serving (finishing the requests in hand) and fail the requests still
+        waiting with :class:`BusClosedError`. The remote service is not affected."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._release()
+        self._cancel_calls()
+
+    async def __aenter__(self) -> FederatedService:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _require_open(self) -> None:
+        if self._closed:
+            raise BusClosedError(f"service {self.name!r} is closed")
+        if self._manager.closed:
+            raise BusClosedError("federation is closed")
+
+    def _cancel_calls(self) -> None:
+        for call in tuple(self._calls):
+            call.cancel()
+
+    async def _release(self) -> None:
+        self.stop_serving()
+        await asyncio.gather(*(run.done.wait() for run in tuple(self._runs)))
+
+    async def _stop_local(self) -> None:
+        self._closed = True
+        runs = tuple(self._runs)
+        for run in runs:
+            run.killed = True
+            run.stopping.set()
+            if run.task is not None:
+                run.task.cancel()
+        await asyncio.gather(*(run.done.wait() for run in runs))
+        self._cancel_calls()
+
+    def _on_link_event(self, event: Event) -> None:
+        if "queue" in event.details:
+            return  # about one federated queue (e.g. its outbox rows)
+        if event.kind == "state":
+            changed, self._link_changed = self._link_changed, asyncio.Event()
+            changed.set()
+        self.events.emit(event)
+
+    # -- plumbing -------------------------------------------------------------------
+
+    def _stub(self) -> pb_grpc.RequestServiceStub:
+        stub: pb_grpc.RequestServiceStub = self.link.stub(pb_grpc.RequestServiceStub)
+        return stub
+
+    def _error(self, exc: grpc.aio.AioRpcError) -> BusError:
+        return from_rpc_error(exc, queue=self.name, target=self.link.url)
+
+
+class _Reply:
+    """Sends the ``Reply`` calls answering one served request."""
+
+    def __init__(self, service: FederatedService, request_id: str) -> None:
+        self.service = service
+        self.request_id = request_id
+
+    async def value(self, value: Any) -> None:
+        payload, kind = value_to_payload(value)
+        reply = pb.ReplyPayload(payload=payload, kind=kind)
+        await self._send(pb.ReplyRequest(request_id=self.request_id, value=reply))
+
+    async def chunks(self, items: list[pb.ReplyPayload], end: bool) -> None:
+        chunks = pb.ReplyChunks(items=items, end=end)
+        await self._send(pb.ReplyRequest(request_id=self.request_id, chunks=chunks))
+
+    async def error(self, error_type: str, message: str) -> None:
+        error = pb.ReplyError(type=error_type, message=message)
+        await self._send(pb.ReplyRequest(request_id=self.request_id, error=error))
+
+    async def _send(self, request: pb.ReplyRequest) -> None:
+        link = self.service.link
+        try:
+            await self.service._stub().Reply(
+                request, metadata=link.metadata, timeout=link.operation_timeout, wait_for_ready=True
+            )
+        except grpc.aio.AioRpcError as exc:
+            link.report(exc)
+            code = exc.code()
+            if code is grpc.StatusCode.NOT_FOUND and error_reason(exc) == "REQUEST_NOT_FOUND":
+                raise _NotAwaited from None
+            error = self.service._error(exc)
+            if code in _IN_TRANSIT:
+                raise _ReplyFailed(error) from None
+            raise error from None  # a refusal of the content: the handler's outcome
+
+
+async def _send_stream(items: AsyncIterator[Any], reply: _Reply) -> None:
+    """Send a streamed reply: the items produced while a Reply is in flight go together
+    in the next one. The iterator runs in a task of its own (so that it is always
+    resumed in the same task) and is closed when the reply ends or fails."""
+    buffer: asyncio.Queue[Any] = asyncio.Queue(_MAX_CHUNK_ITEMS)
+    producer = asyncio.create_task(_produce(items, buffer), name="busmq-federated-reply")
+    try:
+        while True:
+            batch, failure = await _next_batch(buffer, producer)
+            end = failure is None and producer.done() and buffer.empty()
+            if batch or end:
+                await reply.chunks(batch, end)
+            if failure is not None:
+                raise failure
+            if end:
+                return
+    finally:
+        producer.cancel()
+        await asyncio.gather(producer, return_exceptions=True)
+
+
+async def _produce(items: AsyncIterator[Any], buffer: asyncio.Queue[Any]) -> None:
+    try:
+        async for item in items:
+            await buffer.put(item)
+    finally:
+        aclose = getattr(items, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+async def _next_batch(
+    buffer: asyncio.Queue[Any], producer: asyncio.Task[None]
+) -> tuple[list[pb.ReplyPayload], BaseException | None]:
+    """The items ready (waiting for one if none is), encoded, within the batch bounds;
+    and the handler's failure once everything before it was taken."""
+    taken: list[Any] = []
+    if buffer.empty() and not producer.done():
+        getter = asyncio.ensure_future(buffer.get())
+        try:
+            await asyncio.wait({getter, producer}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not getter.done():
+                getter.cancel()
+        if getter.done() and not getter.cancelled():
+            taken.append(getter.result())
+    batch: list[pb.ReplyPayload] = []
+    size = 0
+    while taken or not buffer.empty():
+        value = taken.pop() if taken else buffer.get_nowait()
+        try:
+            payload, kind = value_to_payload(value)
+        except InvalidMessageError as exc:
+            return batch, exc  # a value the handler should not have produced
+        batch.append(pb.ReplyPayload(payload=payload, kind=kind))
+        size += len(payload)
+        if len(batch) >= _MAX_CHUNK_ITEMS or size >= _MAX_CHUNK_BYTES:
+            return batch, None
+    if not producer.done():
+        return batch, None
+    if producer.cancelled():
+        return batch, RuntimeError("the streamed reply was cancelled")
+    return batch, producer.exception()
+
+
+async def _wait_any(*events: asyncio.Event, timeout: float | None = None) -> None:
+    """Wait until one of ``events`` is set, or ``timeout`` seconds."""
+    waiters = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
