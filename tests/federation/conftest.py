@@ -68,15 +68,18 @@ MakeB = Callable[..., Awaitable[Bus]]
 @pytest.fixture
 async def make_b(tmp_path: Path, dc_a: DatacenterA) -> AsyncIterator[MakeB]:
     """``bus = await make_b(secret=..., **federation_settings)``: a DC-B bus federating
-    to DC-A through the proxy, with its outbox in the test's directory."""
+    to DC-A through the proxy, with its outbox in the test's directory. ``target``
+    replaces the default target (``FederationTarget(dc_a.url, secret=secret)``)."""
     buses: list[Bus] = []
     async with RedisServer(tmp_path / "b-redis") as redis:
 
-        async def factory(secret: str = SECRET, **overrides: Any) -> Bus:
+        async def factory(
+            secret: str = SECRET, target: FederationTarget | None = None, **overrides: Any
+        ) -> Bus:
             bus = Bus(fast_settings([redis.url]))
             await bus.connect()
             buses.append(bus)
-            target = FederationTarget(dc_a.url, secret=secret)
+            target = target or FederationTarget(dc_a.url, secret=secret)
             settings = {
                 "targets": [target],
                 "outbox_path": tmp_path / f"outbox-{len(buses)}.sqlite3",

@@ -27,7 +27,7 @@ async def test_status_follows_a_cut_with_outbox_depth_and_lag(dc_a: DatacenterA,
         await first.ack()
         # One of ten delivered here: nine behind, as old as the first push at most.
         [target] = await manager.status()
-        assert target.url == dc_a.url
+        assert target.url == target.current_url == dc_a.url
         assert target.state is LinkState.READY
         [metrics] = target.queues
         assert metrics.name == "metrics" and metrics.lag is not None

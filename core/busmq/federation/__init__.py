@@ -3,7 +3,8 @@
     from busmq.federation import FederationSettings, FederationTarget
 
     bus.configure_federation(FederationSettings(targets=[
-        FederationTarget("https://gateway-a:8443", secret="...", root_ca_file=ca),
+        FederationTarget("https://gateway-a:8443", secret="...", root_ca_file=ca,
+                         fallback_urls=["https://gateway-a2:8443"]),
     ]))
     orders = bus.federate(bus.queue("orders"), "https://gateway-a:8443")
     async with orders:                       # attach through the gateway
@@ -12,8 +13,14 @@
             async for delivery in consumer:  # resumes across network cuts
                 await delivery.ack()
 
+A target is known by its ``url``; ``fallback_urls`` are other instances of the same
+gateway. The link uses one URL at a time and, when a probe of it fails (not for refused
+credentials), tries the next one round-robin at the usual backoff, moving its channel
+pool to the first that answers (a ``failover`` event; streams resume there, the outbox
+drains there). It stays there (sticky) rather than return to the primary.
+
 Modules: ``settings`` (targets, outbox bounds, backoff), ``link`` (pool of warm
-channels and link state per gateway), ``queue`` (:class:`FederatedQueue`),
+channels, link state and failover per target), ``queue`` (:class:`FederatedQueue`),
 ``consumer`` (resumable streams), ``channel`` (:class:`FederatedChannel`),
 ``persistable`` (:class:`FederatedPersistable`), ``service`` (:class:`FederatedService`),
 ``outbox`` (durable SQLite outbox), ``forwarder`` (drains it in order), ``errors`` (gRPC

@@ -57,7 +57,6 @@ from ..consumer import Mode
 from ..errors import (
     BusClosedError,
     BusError,
-    BusTimeoutError,
     BusUnavailableError,
     ChannelEndedError,
     ChannelStateError,
@@ -72,16 +71,15 @@ from ..v1 import channel_service_pb2_grpc as pb_grpc
 from ..v1 import queue_service_pb2 as queue_pb
 from ..wire import MODE_TO_PROTO
 from .backoff import Backoff
-from .consumer import RESUMABLE
 from .convert import Settle, delivery, duration, outgoing
 from .errors import (
     AMBIGUOUS,
-    FederationUnauthorizedError,
     RemoteError,
     error_reason,
     from_rpc_error,
 )
 from .link import Link, LinkState
+from .streams import StreamBroken, first_response, read
 
 if TYPE_CHECKING:
     from .manager import FederationManager
@@ -90,14 +88,6 @@ log = logging.getLogger(__name__)
 
 _FINAL = frozenset({"ended", "disconnected"})
 _DISCONNECT_GRACE = 2.0  # seconds a disconnect waits for the gateway to confirm
-
-
-class _Broken(Exception):
-    """The stream could not be opened, or broke, in a way worth reopening after."""
-
-    def __init__(self, error: BusError) -> None:
-        super().__init__(str(error))
-        self.error = error
 
 
 class FederatedChannel:
@@ -233,7 +223,7 @@ class FederatedChannel:
             self._next_replay_id = from_id
             try:
                 call = await self._start_stream()
-            except _Broken as broken:
+            except StreamBroken as broken:
                 raise broken.error from None
             self._inbox = _Inbox(prefetch)
             self._leaving = False
@@ -247,36 +237,19 @@ class FederatedChannel:
     async def _start_stream(self) -> Any:
         """Open a ConnectChannel stream and wait for ``started``; returns the call.
 
-        Raises the mapped error for refusals, :class:`_Broken` for what is retried."""
+        Raises the mapped error for refusals, :class:`StreamBroken` for what is retried."""
         assert self._request is not None
         link = self.link
         call = link.stub(pb_grpc.ChannelServiceStub).ConnectChannel(
             self._request, metadata=link.metadata, wait_for_ready=True
         )
-        try:
-            async with asyncio.timeout(link.settings.connect_timeout):
-                first = await call.read()
-        except TimeoutError:
+        first = await first_response(call, link, "the channel stream", self._error)
+        if first.WhichOneof("event") != "started":
             call.cancel()
-            raise _Broken(BusTimeoutError("opening the channel timed out", link.url)) from None
-        except grpc.aio.AioRpcError as exc:
-            raise self._classify(exc) from None
-        except BaseException:
-            call.cancel()
-            raise
-        if first is grpc.aio.EOF or first.WhichOneof("event") != "started":
-            call.cancel()
-            raise _Broken(BusError("the channel stream ended before it started"))
+            raise StreamBroken(BusError("the channel stream did not start with `started`"))
         self._connection_id = first.started.connection_id
         self._live.set()
         return call
-
-    def _classify(self, exc: grpc.aio.AioRpcError) -> Exception:
-        self.link.report(exc)
-        error = self._error(exc)
-        if exc.code() in RESUMABLE and not isinstance(error, FederationUnauthorizedError):
-            return _Broken(error)
-        return error
 
     # -- the stream -------------------------------------------------------------------
 
@@ -289,7 +262,7 @@ class FederatedChannel:
                 try:
                     if await self._pump(call):
                         return  # ended or disconnected: the pump settled the state
-                except _Broken as broken:
+                except StreamBroken as broken:
                     self._report(broken.error)
                 finally:
                     call.cancel()
@@ -325,7 +298,7 @@ class FederatedChannel:
                 self._request.from_id = self._next_replay_id
             try:
                 call = await self._start_stream()
-            except _Broken as broken:
+            except StreamBroken as broken:
                 self._report(broken.error)
                 continue
             backoff.reset()
@@ -338,10 +311,7 @@ class FederatedChannel:
         over (ended or disconnected), False when the stream ended without saying so."""
         settle = self._settler() if self._mode is Mode.AT_LEAST_ONCE else None
         while True:
-            try:
-                response = await call.read()
-            except grpc.aio.AioRpcError as exc:
-                raise self._classify(exc) from None
+            response = await read(call, self.link, self._error)
             if response is grpc.aio.EOF:
                 return False
             event = response.WhichOneof("event")
@@ -575,7 +545,7 @@ class FederatedChannel:
                 await self._stop_reader(grace=0.0)
                 try:
                     call = await self._start_stream()
-                except _Broken as broken:
+                except StreamBroken as broken:
                     raise broken.error from None
                 self._reader = asyncio.create_task(self._drain(call))
             connection = self._connection_id

@@ -48,8 +48,6 @@ from ..consumer import LATEST, Mode, handle_each
 from ..errors import (
     BusClosedError,
     BusError,
-    BusTimeoutError,
-    BusUnavailableError,
 )
 from ..events import Event
 from ..message import Delivery
@@ -59,38 +57,17 @@ from .backoff import Backoff
 from .convert import Settle, delivery, duration
 from .errors import FederationUnauthorizedError, error_reason
 from .link import LinkState
+from .streams import StreamBroken, first_response, read
 
 if TYPE_CHECKING:
     from .queue import FederatedQueue
 
 log = logging.getLogger(__name__)
 
-# Statuses after which a stream is reopened; anything else ends the consumer.
-RESUMABLE = frozenset(
-    {
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.CANCELLED,
-        grpc.StatusCode.UNAUTHENTICATED,
-        grpc.StatusCode.PERMISSION_DENIED,
-        grpc.StatusCode.INTERNAL,
-        grpc.StatusCode.UNKNOWN,
-        grpc.StatusCode.ABORTED,
-    }
-)
-
 
 @dataclass(frozen=True)
 class _End:
     error: BaseException | None = None
-
-
-class _Broken(Exception):
-    """The stream could not be opened or broke in a way worth retrying."""
-
-    def __init__(self, error: BusError) -> None:
-        super().__init__(str(error))
-        self.error = error
 
 
 class FederatedConsumer:
@@ -163,7 +140,7 @@ class FederatedConsumer:
         call = None
         try:
             call = await self._open()
-        except _Broken as broken:
+        except StreamBroken as broken:
             if isinstance(broken.error, FederationUnauthorizedError):
                 raise broken.error from None
             self._report(broken.error)
@@ -298,33 +275,13 @@ class FederatedConsumer:
     async def _open(self) -> Any:
         """Open a stream and wait for its ``started`` event; returns the call.
 
-        Raises the mapped error for refusals, :class:`_Broken` for what is retried."""
+        Raises the mapped error for refusals, ``StreamBroken`` for what is retried."""
         link = self.queue.link
         call = link.stub().Consume(self._request(), metadata=link.metadata, wait_for_ready=True)
-        try:
-            async with asyncio.timeout(link.settings.connect_timeout):
-                first = await call.read()
-        except TimeoutError:
-            call.cancel()
-            raise _Broken(BusTimeoutError("opening the stream timed out", link.url)) from None
-        except grpc.aio.AioRpcError as exc:
-            raise self._classify(exc) from None
-        except BaseException:
-            call.cancel()
-            raise
-        if first is grpc.aio.EOF:
-            raise _Broken(BusError("the stream ended before it started"))
+        first = await first_response(call, link, "the stream", self.queue._error)
         if first.WhichOneof("event") == "started":
             self.name = first.started.consumer_id
         return call
-
-    def _classify(self, exc: grpc.aio.AioRpcError) -> Exception:
-        """``_Broken`` for a status worth reopening after, the mapped error otherwise."""
-        self.queue.link.report(exc)
-        error = self.queue._error(exc)
-        if exc.code() in RESUMABLE:
-            return _Broken(error)
-        return error
 
     def _report(self, error: BusError) -> None:
         log.info("stream of %s broke: %s", self.queue.name, error)
@@ -342,7 +299,7 @@ class FederatedConsumer:
                         continue
                 try:
                     done = await self._pump(call)
-                except _Broken as broken:
+                except StreamBroken as broken:
                     self._report(broken.error)
                     done = False
                 finally:
@@ -373,7 +330,7 @@ class FederatedConsumer:
             return None
         try:
             call = await self._open()
-        except _Broken as broken:
+        except StreamBroken as broken:
             self._report(broken.error)
             await asyncio.sleep(backoff.next())
             return None
@@ -391,18 +348,7 @@ class FederatedConsumer:
         settle = self._settler(self.name) if self.mode is Mode.AT_LEAST_ONCE else None
         replay = self.mode is Mode.REPLAY
         while True:
-            try:
-                response = await call.read()
-            except grpc.aio.AioRpcError as exc:
-                raise self._classify(exc) from None
-            except asyncio.CancelledError:
-                task = asyncio.current_task()
-                if task is None or task.cancelling():
-                    raise  # this consumer is stopping
-                # The call was cancelled under us: the link closed the stream's channel
-                # (it failed over to another gateway URL). Reopen like after a cut.
-                error = BusUnavailableError("the stream's channel was closed", self.queue.target)
-                raise _Broken(error) from None
+            response = await read(call, self.queue.link, self.queue._error)
             if response is grpc.aio.EOF:
                 # Ended by the gateway: max reached, draining, or the queue was closed
                 # (reopening then tells which).

@@ -1,9 +1,12 @@
-"""A link to one gateway: a pool of warm HTTP/2 channels, credentials, and link state.
+"""A link to one target: a pool of warm HTTP/2 channels, credentials, and link state.
 
 The link opens ``pool_size`` grpc.aio channels as soon as it starts and keeps them
 connected (each channel's connectivity is watched and an idle one is asked to
 reconnect), so the first call of a federated object does not wait for a handshake.
 Calls and streams take channels round-robin.
+
+A target may have several gateway URLs (``FederationTarget.fallback_urls``); the pool is
+on one of them at a time (``link.current_url``, starting with the target's ``url``).
 
 State machine::
 
@@ -19,10 +22,27 @@ proves the gateway is reachable, accepts the secret and reaches its Redis. Faile
 probes are repeated after an exponential, jittered backoff (a wrong secret costs a
 handful of calls, never a retry storm).
 
-Events (``link.events``, source = the URL): ``state`` (details ``state``,
-``previous``) on every change, ``ready`` when the link becomes usable, ``unauthorized``
-when the gateway refuses the credentials, ``error`` for each failed probe (with the
-exception), ``closed`` when the link is closed.
+Failover (targets with several URLs): when a probe of the current URL fails for any
+reason but refused credentials, the next probe (after the same backoff: one probe per
+step, whatever the number of URLs) goes to the next URL, round-robin. That probe runs
+on a fresh pool of channels to that URL; if it succeeds the pool is moved there: the
+new channels are opened first, swapped in, and the old ones are closed after a grace
+period (the longer of the operation and connect timeouts, plus a margin, so unary calls
+under way on them end with their own status rather than be cancelled); streams still
+open on them are then cancelled, and resume on the new URL. An ``UNAUTHENTICATED``
+answer does not rotate (all URLs share the credentials, so it is a configuration error
+reported by ``unauthorized``). The link is sticky: it stays on the URL that works and
+does not return to the primary on its own.
+With several URLs, probes do not wait for a channel that is failing to connect
+(``wait_for_ready`` off), so a dead URL is left within a backoff step instead of after
+``connect_timeout``; with one URL probes wait as before.
+
+Events (``link.events``, source = the target's ``url``): ``state`` (details ``state``,
+``previous``, ``url`` = the current URL) on every change, ``ready`` when the link
+becomes usable, ``unauthorized`` when the gateway refuses the credentials, ``error``
+for each failed probe (with the exception; details ``url`` = the URL probed),
+``failover`` when the pool moved to another URL (details ``from``, ``to``), ``closed``
+when the link is closed.
 """
 
 from __future__ import annotations
@@ -42,12 +62,13 @@ from ..v1 import queue_service_pb2 as pb
 from ..v1 import queue_service_pb2_grpc as pb_grpc
 from .backoff import Backoff
 from .errors import RETRYABLE, UNAUTHORIZED, FederationUnauthorizedError, from_rpc_error
-from .settings import FederationSettings, FederationTarget
+from .settings import FederationSettings, FederationTarget, grpc_address
 
 log = logging.getLogger(__name__)
 
 PROBE_QUEUE = "busmq.federation.probe"
 MAX_GRPC_MESSAGE = 64 * 1024 * 1024
+RETIRE_MARGIN = 1.0  # seconds a retired pool outlives the deadlines of its calls
 
 
 class LinkState(enum.Enum):
@@ -66,12 +87,14 @@ class LinkState(enum.Enum):
 
 
 class Link:
-    """The connection of this bus to one gateway (see the module docstring).
+    """The connection of this bus to one target (see the module docstring).
 
     Attributes:
-        url: the gateway URL (normalized).
+        url: the target's URL (normalized), its identity; see ``current_url`` for the
+            gateway URL in use.
         events: the link's :class:`~busmq.events.EventHub`.
-        attempts: probes made so far (each is one call to the gateway).
+        attempts: probes made so far (each is one call to a gateway).
+        failovers: times the pool moved to another URL.
     """
 
     def __init__(
@@ -89,6 +112,7 @@ class Link:
         self.operation_timeout = operation_timeout
         self.events: EventHub[Event] = EventHub()
         self.attempts = 0
+        self.failovers = 0
         self.metadata: tuple[tuple[str, str], ...] = (
             (("authorization", f"Bearer {target.secret}"),) if target.secret else ()
         )
@@ -101,16 +125,28 @@ class Link:
         self._channels: list[grpc.aio.Channel] = []
         self._stubs: list[dict[type[Any], Any]] = []  # per channel, by stub class
         self._round_robin = itertools.count()
-        self._tasks: list[asyncio.Task[None]] = []
+        self._current = 0  # index in target.urls of the URL the pool is on
+        self._next = 0  # index of the URL the next probe goes to
+        self._supervisor: asyncio.Task[None] | None = None
+        self._watchers: list[asyncio.Task[None]] = []
+        # Pools left by a failover, closed after a grace period (see _retire).
+        self._retiring: dict[asyncio.Task[None], list[grpc.aio.Channel]] = {}
 
     def __repr__(self) -> str:
-        return f"<Link {self.url} {self._state.value} outbox={self.outbox_depth}>"
+        via = f" via {self.current_url}" if self._current else ""
+        return f"<Link {self.url}{via} {self._state.value} outbox={self.outbox_depth}>"
 
     # -- state ----------------------------------------------------------------------
 
     @property
     def state(self) -> LinkState:
         return self._state
+
+    @property
+    def current_url(self) -> str:
+        """The gateway URL the channel pool is on (the target's ``url`` until a
+        failover)."""
+        return self.target.urls[self._current]
 
     @property
     def usable(self) -> bool:
@@ -179,8 +215,14 @@ class Link:
             self._usable.set()
         else:
             self._usable.clear()
-        log.info("federation link %s: %s -> %s", self.url, previous.value, state.value)
-        details = {"state": state.value, "previous": previous.value}
+        log.info(
+            "federation link %s: %s -> %s (via %s)",
+            self.url,
+            previous.value,
+            state.value,
+            self.current_url,
+        )
+        details = {"state": state.value, "previous": previous.value, "url": self.current_url}
         self.events.emit(Event("state", self.url, details=details))
         if state.usable and not previous.usable:
             self.events.emit(Event("ready", self.url))
@@ -230,14 +272,28 @@ class Link:
             options.append(("grpc.ssl_target_name_override", target.server_name))
         return options
 
-    def _open_channel(self) -> grpc.aio.Channel:
+    def _open_channel(self, url: str) -> grpc.aio.Channel:
+        address = grpc_address(url)
         if not self.target.tls:
-            return grpc.aio.insecure_channel(self.target.address, options=self._options())
+            return grpc.aio.insecure_channel(address, options=self._options())
         root, key, chain = self.target.read_credentials()
         credentials = grpc.ssl_channel_credentials(
             root_certificates=root, private_key=key, certificate_chain=chain
         )
-        return grpc.aio.secure_channel(self.target.address, credentials, options=self._options())
+        return grpc.aio.secure_channel(address, credentials, options=self._options())
+
+    def _open_pool(self, url: str) -> list[grpc.aio.Channel]:
+        return [self._open_channel(url) for _ in range(self.target.pool_size)]
+
+    def _use_pool(self, channels: list[grpc.aio.Channel]) -> None:
+        """Make ``channels`` the pool, with a watcher each."""
+        self._channels = channels
+        self._stubs = [{} for _ in channels]
+        name = f"busmq-link {self.url} channel"
+        self._watchers = [
+            asyncio.create_task(self._watch(channel), name=f"{name} {i}")
+            for i, channel in enumerate(channels)
+        ]
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -245,27 +301,23 @@ class Link:
         """Open the channel pool and start probing (needs a running event loop)."""
         if self._channels or self._state is LinkState.CLOSED:
             return
-        for _ in range(self.target.pool_size):
-            channel = self._open_channel()
-            self._channels.append(channel)
-            self._stubs.append({})
-        name = f"busmq-link {self.url}"
-        self._tasks = [asyncio.create_task(self._supervise(), name=name)]
-        self._tasks += [
-            asyncio.create_task(self._watch(channel), name=f"{name} channel {i}")
-            for i, channel in enumerate(self._channels)
-        ]
+        self._use_pool(self._open_pool(self.current_url))
+        self._supervisor = asyncio.create_task(self._supervise(), name=f"busmq-link {self.url}")
 
     async def close(self) -> None:
         if self._state is LinkState.CLOSED:
             return
-        for task in self._tasks:
+        retired = [channel for pool in self._retiring.values() for channel in pool]
+        tasks = [*self._watchers, *self._retiring]
+        if self._supervisor is not None:
+            tasks.append(self._supervisor)
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         self._set_state(LinkState.CLOSED)
         self._usable.set()  # wake waiters; they see CLOSED
         self._settled.set()
-        channels, self._channels, self._stubs = self._channels, [], []
+        channels, self._channels, self._stubs = self._channels + retired, [], []
         await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
         self.events.emit(Event("closed", self.url))
         self.events.close()
@@ -276,8 +328,13 @@ class Link:
         backoff = Backoff(
             self.settings.reconnect_backoff_initial, self.settings.reconnect_backoff_max
         )
+        urls = self.target.urls
         while True:
-            error = await self._probe()
+            url = urls[self._next]
+            if self._next == self._current:
+                error = await self._probe(self.stub())
+            else:
+                error = await self._probe_other(self._next)
             self._settled.set()
             if error is None:
                 # Failures reported while the probe ran are older than its success.
@@ -289,30 +346,99 @@ class Link:
                 if self._state is not LinkState.UNAUTHORIZED:
                     self._set_state(LinkState.DISCONNECTED)
                 continue  # probe at once: the connection may simply be re-established
+            details = {"url": url}
             if isinstance(error, FederationUnauthorizedError):
+                # Reachable, but the credentials (shared by every URL) are refused:
+                # stay on this URL, as with a single one.
                 if self._state is not LinkState.UNAUTHORIZED:
                     self._set_state(LinkState.UNAUTHORIZED)
-                    self.events.emit(Event("unauthorized", self.url, error=error))
+                    self.events.emit(Event("unauthorized", self.url, error=error, details=details))
             else:
                 self._set_state(LinkState.DISCONNECTED)
-            self.events.emit(Event("error", self.url, error=error))
+                self._next = (self._next + 1) % len(urls)
+            self.events.emit(Event("error", self.url, error=error, details=details))
             await asyncio.sleep(backoff.next())
 
-    async def _probe(self) -> BusError | None:
-        """One authenticated call; None if the gateway answered as expected."""
+    async def _probe(self, stub: Any) -> BusError | None:
+        """One authenticated call through ``stub``; None if the gateway answered as
+        expected."""
         self.attempts += 1
         try:
-            await self.stub().GetQueue(
+            await stub.GetQueue(
                 pb.GetQueueRequest(queue=PROBE_QUEUE),
                 metadata=self.metadata,
                 timeout=self.settings.connect_timeout,
-                wait_for_ready=True,
+                # With fallbacks, a URL that cannot be connected to fails the probe at
+                # once, so that the next probe tries the next URL.
+                wait_for_ready=not self.target.fallback_urls,
             )
         except grpc.aio.AioRpcError as exc:
             if exc.code() is grpc.StatusCode.NOT_FOUND:
                 return None
             return from_rpc_error(exc, queue=PROBE_QUEUE, target=self.url)
         return None
+
+    async def _probe_other(self, index: int) -> BusError | None:
+        """Probe URL ``index`` (not the current one) on a pool of fresh channels, and
+        move the link onto that pool if the probe succeeds."""
+        channels = self._open_pool(self.target.urls[index])
+        moved = False
+        try:
+            for channel in channels:
+                channel.get_state(try_to_connect=True)
+            stub_class: type[Any] = pb_grpc.QueueServiceStub  # generated, untyped
+            error = await self._probe(stub_class(channels[0]))
+            if error is None:
+                await self._warm_up(channels[1:])
+                self._move(index, channels)
+                moved = True
+            return error
+        finally:
+            if not moved:  # nobody else has used these channels
+                await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
+
+    async def _warm_up(self, channels: list[grpc.aio.Channel]) -> None:
+        """Give the rest of a new pool (its first channel is connected) a bounded
+        moment to connect, so that resuming streams spread over the pool."""
+        if not channels:
+            return
+        try:
+            async with asyncio.timeout(self.settings.connect_timeout):
+                await asyncio.gather(*(c.channel_ready() for c in channels))
+        except TimeoutError:
+            pass  # their watchers keep them connecting; calls prefer ready channels
+
+    def _move(self, index: int, channels: list[grpc.aio.Channel]) -> None:
+        """Swap the pool for ``channels`` (to URL ``index``), and retire the old one."""
+        old_url, old_channels = self.current_url, self._channels
+        for task in self._watchers:
+            task.cancel()
+        self._current = index
+        self._use_pool(channels)
+        self.failovers += 1
+        retire = asyncio.create_task(
+            self._retire(old_channels), name=f"busmq-link {self.url} retire {old_url}"
+        )
+        self._retiring[retire] = old_channels
+        retire.add_done_callback(self._retired)
+        log.warning(
+            "federation link %s: failed over from %s to %s", self.url, old_url, self.current_url
+        )
+        details = {"from": old_url, "to": self.current_url}
+        self.events.emit(Event("failover", self.url, details=details))
+
+    async def _retire(self, channels: list[grpc.aio.Channel]) -> None:
+        """Close a pool that calls no longer go to, once the calls under way on it have
+        had time to end with their own status: each has a deadline of at most the
+        longer of the two timeouts, plus a margin. (Closing a channel cancels its calls,
+        which their callers would see as ``asyncio.CancelledError``.) What is left then
+        is streams; they are cancelled and resume on the new pool."""
+        grace = max(self.operation_timeout, self.settings.connect_timeout) + RETIRE_MARGIN
+        await asyncio.sleep(grace)
+        await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
+
+    def _retired(self, task: asyncio.Task[None]) -> None:
+        self._retiring.pop(task, None)
 
     async def _watch(self, channel: grpc.aio.Channel) -> None:
         """Keep one channel connected, and notice when its connection fails."""

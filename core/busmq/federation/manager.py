@@ -98,6 +98,8 @@ class TargetStatus:
     attempts: int
     queues: tuple[QueueStatus, ...]
     channels: tuple[ChannelStatus, ...] = ()
+    current_url: str = ""
+    """The gateway URL in use (one of the target's URLs; see ``fallback_urls``)."""
 
     @property
     def lag_messages(self) -> int:
@@ -144,15 +146,22 @@ class FederationManager:
     # -- targets --------------------------------------------------------------------
 
     def link(self, url: str) -> Link:
-        """The link to ``url``; ``ValueError`` if that target is not configured."""
-        link = self.links.get(normalize_url(url))
+        """The link of the target that ``url`` names (its ``url`` or one of its
+        ``fallback_urls``); ``ValueError`` if no such target is configured."""
+        link = self._find(normalize_url(url))
         if link is None:
             raise ValueError(f"no federation target {url!r} is configured")
         return link
 
+    def _find(self, key: str) -> Link | None:
+        link = self.links.get(key)
+        if link is None:
+            link = next((k for k in self.links.values() if key in k.target.urls), None)
+        return link
+
     def _link_for(self, url: str, options: dict[str, Any]) -> Link:
         key = normalize_url(url)
-        link = self.links.get(key)
+        link = self._find(key)
         if link is not None:
             if options:
                 raise ValueError(f"target {key} is already configured; pass no options")
@@ -351,6 +360,7 @@ class FederationManager:
                     link.attempts,
                     tuple(queues),
                     channels,
+                    link.current_url,
                 )
             )
         return result

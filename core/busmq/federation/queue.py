@@ -16,8 +16,8 @@ where they make sense over the network, with these differences:
   queue is attached again (an ``attached`` event with ``reattached`` in its details).
 * Consumers resume across link breaks; see :mod:`busmq.federation.consumer`.
 * Link events are re-emitted on ``queue.events`` with the link URL as ``source``:
-  ``ready``, ``unauthorized``, ``closed`` (the link, not the queue), ``error`` and
-  ``state``. Queue events have the queue name as ``source``: ``attached``,
+  ``ready``, ``unauthorized``, ``closed`` (the link, not the queue), ``error``,
+  ``state`` and ``failover``. Queue events have the queue name as ``source``: ``attached``,
   ``detached``, ``consuming``, ``stopped``, ``closed`` (the remote queue was closed or
   expired), ``dropped``, ``error``.
 """

@@ -53,7 +53,6 @@ import grpc
 from ..errors import (
     BusClosedError,
     BusError,
-    BusTimeoutError,
     BusUnavailableError,
     InvalidMessageError,
     RequestTimeoutError,
@@ -67,8 +66,9 @@ from ..v1 import request_service_pb2_grpc as pb_grpc
 from ..v1 import types_pb2
 from .backoff import Backoff
 from .convert import duration, message_from_proto, outgoing, payload_value, value_to_payload
-from .errors import error_reason, from_rpc_error
+from .errors import FederationUnauthorizedError, error_reason, from_rpc_error
 from .link import Link, LinkState
+from .streams import RESUMABLE, StreamBroken, first_response, read
 
 if TYPE_CHECKING:
     from .manager import FederationManager
@@ -80,27 +80,8 @@ DEADLINE_MARGIN = 1.0
 timeout (with its typed ``REQUEST_TIMEOUT``) normally ends the call first."""
 _MAX_CHUNK_ITEMS = 500
 _MAX_CHUNK_BYTES = 1024 * 1024  # a soft bound: one item alone may be larger
-# Statuses after which a Serve stream is reopened; anything else ends serve().
-_RESUMABLE = frozenset(
-    {
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.CANCELLED,
-        grpc.StatusCode.INTERNAL,
-        grpc.StatusCode.UNKNOWN,
-        grpc.StatusCode.ABORTED,
-    }
-)
 # Statuses of a Reply that did not get through (as opposed to a refusal of its content).
-_IN_TRANSIT = _RESUMABLE | {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED}
-
-
-class _Broken(Exception):
-    """The Serve stream could not be opened or broke in a way worth reopening after."""
-
-    def __init__(self, error: BusError) -> None:
-        super().__init__(str(error))
-        self.error = error
+_IN_TRANSIT = RESUMABLE  # includes refused credentials: the link re-probes
 
 
 class _NotAwaited(Exception):
@@ -379,7 +360,7 @@ class FederatedService:
         resumed = False
         try:
             while not run.stopping.is_set():
-                opened = await self._connect(run, backoff)
+                opened = await self._connect(run, backoff, first=not resumed)
                 if opened is None:
                     break
                 call, concurrency = opened
@@ -399,28 +380,34 @@ class FederatedService:
                 task.cancel()
             await asyncio.gather(*run.running, return_exceptions=True)
 
-    async def _connect(self, run: _Run, backoff: Backoff) -> tuple[Any, int] | None:
-        """Open a Serve stream once the link is usable; None if stopped meanwhile."""
+    async def _connect(self, run: _Run, backoff: Backoff, *, first: bool) -> tuple[Any, int] | None:
+        """Open a Serve stream once the link is usable; None if stopped meanwhile.
+
+        Refused credentials end the first opening; after a break they are waited out
+        like a cut (the link re-probes, so a secret rotated on the gateway is taken)."""
         link = self.link
         while not run.stopping.is_set():
             if link.state is LinkState.CONNECTING:
                 await link.wait_settled(link.settings.connect_timeout)
             if link.state is LinkState.CLOSED:
                 raise BusClosedError(f"the link to {link.url} is closed")
-            link.require_authorized()
+            if first:
+                link.require_authorized()
             if not link.usable:
                 await _wait_any(run.stopping, self._link_changed)
                 continue
             try:
                 return await self._open(run)
-            except _Broken as broken:
+            except StreamBroken as broken:
+                if first and isinstance(broken.error, FederationUnauthorizedError):
+                    raise broken.error from None
                 self._report(broken.error)
                 await _wait_any(run.stopping, timeout=backoff.next())
         return None
 
     async def _open(self, run: _Run) -> tuple[Any, int]:
         """Open a stream and wait for its ``started`` event; the call and the effective
-        concurrency. Raises the mapped error for refusals, :class:`_Broken` otherwise."""
+        concurrency. Raises the mapped error for refusals, :class:`StreamBroken` otherwise."""
         link = self.link
         request = pb.ServeRequest(
             service=self.name,
@@ -428,19 +415,7 @@ class FederatedService:
             visibility_timeout=duration(run.visibility_timeout),
         )
         call = self._stub().Serve(request, metadata=link.metadata, wait_for_ready=True)
-        try:
-            async with asyncio.timeout(link.settings.connect_timeout):
-                first = await call.read()
-        except TimeoutError:
-            call.cancel()
-            raise _Broken(BusTimeoutError("opening the Serve stream timed out", link.url)) from None
-        except grpc.aio.AioRpcError as exc:
-            raise self._classify(exc) from None
-        except BaseException:
-            call.cancel()
-            raise
-        if first is grpc.aio.EOF:
-            raise _Broken(BusUnavailableError("the Serve stream ended at once", link.url))
+        first = await first_response(call, link, "the Serve stream", self._error)
         started = first.WhichOneof("event") == "started"
         return call, int(first.started.concurrency) if started else run.concurrency
 
@@ -461,7 +436,7 @@ class FederatedService:
                 return True
             if reader.done() and not reader.cancelled():
                 error = reader.exception()
-                if not isinstance(error, _Broken):
+                if not isinstance(error, StreamBroken):
                     raise error or BusError("the Serve stream reader ended")
                 self._report(error.error)
             else:
@@ -477,13 +452,10 @@ class FederatedService:
     async def _pump(self, run: _Run, call: Any, generation: int) -> None:
         """Start a handler task per request; raises when the stream ends."""
         while True:
-            try:
-                response = await call.read()
-            except grpc.aio.AioRpcError as exc:
-                raise self._classify(exc) from None
+            response = await read(call, self.link, self._error)
             if response is grpc.aio.EOF:
                 # The gateway ended it (draining): reopening finds another one.
-                raise _Broken(
+                raise StreamBroken(
                     BusUnavailableError("the gateway ended the Serve stream", self.target)
                 )
             event = response.WhichOneof("event")
@@ -544,14 +516,6 @@ class FederatedService:
             log.debug("service %s: an error reply is no longer awaited; dropped", self.name)
         except BusError as refused:
             log.warning("service %s: the gateway refused an error reply: %s", self.name, refused)
-
-    def _classify(self, exc: grpc.aio.AioRpcError) -> Exception:
-        """``_Broken`` for a status worth reopening after, the mapped error otherwise."""
-        self.link.report(exc)
-        error = self._error(exc)
-        if exc.code() in _RESUMABLE:
-            return _Broken(error)
-        return error
 
     def _report(self, error: BusError) -> None:
         log.info("service %s: the Serve stream broke: %s", self.name, error)

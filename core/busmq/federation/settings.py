@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -37,9 +37,24 @@ def normalize_url(url: str) -> str:
     return f"{parts.scheme}://{host}:{port}"
 
 
+def grpc_address(url: str) -> str:
+    """``host:port`` of a normalized gateway URL, as gRPC wants it."""
+    return url.split("://", 1)[1]
+
+
 @dataclass(frozen=True)
 class FederationTarget:
-    """One remote gateway and how to reach it.
+    """One remote datacenter's gateway (or pool of gateway instances) and how to reach it.
+
+    ``url`` is the target's identity: federated objects are addressed by it
+    (``bus.federate(queue, url)``), and the outbox, events and status are keyed by it.
+    ``fallback_urls`` are other instances of the same gateway service (same Redis
+    behind them). The link uses one URL at a time, starting with ``url``; when a probe
+    of that URL fails for any reason but refused credentials, the next probe goes to
+    the next URL (round-robin, one probe per backoff step), and the first that answers
+    takes over the channel pool (a ``failover`` event). The link stays on that URL
+    until it fails in turn (sticky: no return to ``url`` while the current URL works,
+    so no flapping and no needless stream moves).
 
     Args:
         url: ``https://host:port`` (TLS) or ``http://host:port`` (plaintext).
@@ -55,6 +70,10 @@ class FederationTarget:
             ``keepalive_timeout_seconds``: how long a ping may go unanswered.
         server_name: expected name in the gateway's certificate, when it differs from
             the URL's host.
+        fallback_urls: further gateway URLs of the same target, tried in this order
+            after ``url`` (kept normalized, as a tuple). They must use the same scheme
+            as ``url`` (the secret, TLS files and ``server_name`` apply to all of
+            them); duplicates are refused.
     """
 
     url: str
@@ -66,9 +85,11 @@ class FederationTarget:
     keepalive_seconds: float = 20.0
     keepalive_timeout_seconds: float = 10.0
     server_name: str | None = None
+    fallback_urls: Sequence[str] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "url", normalize_url(self.url))
+        object.__setattr__(self, "fallback_urls", self._normalize_fallbacks())
         if self.secret is not None and (not self.secret or self.secret != self.secret.strip()):
             raise ValueError("secret must be non-empty and carry no surrounding whitespace")
         if (self.client_cert_file is None) != (self.client_key_file is None):
@@ -81,14 +102,38 @@ class FederationTarget:
         if self.keepalive_seconds <= 0 or self.keepalive_timeout_seconds <= 0:
             raise ValueError("keepalive_seconds and keepalive_timeout_seconds must be positive")
 
+    def _normalize_fallbacks(self) -> tuple[str, ...]:
+        if isinstance(self.fallback_urls, str):
+            raise TypeError("fallback_urls is a sequence of URLs, not one string")
+        scheme = self.url.split("://", 1)[0]
+        seen = {self.url}
+        result = []
+        for raw in self.fallback_urls:
+            url = normalize_url(raw)
+            if not url.startswith(f"{scheme}://"):
+                raise ValueError(
+                    f"fallback URL {url} must use {scheme}:// like {self.url}: all URLs of a "
+                    "target share TLS settings and credentials"
+                )
+            if url in seen:
+                raise ValueError(f"gateway URL {url} appears twice in target {self.url}")
+            seen.add(url)
+            result.append(url)
+        return tuple(result)
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """Every gateway URL of the target: ``url`` first, then ``fallback_urls``."""
+        return (self.url, *self.fallback_urls)
+
     @property
     def tls(self) -> bool:
         return self.url.startswith("https://")
 
     @property
     def address(self) -> str:
-        """``host:port`` as gRPC wants it."""
-        return self.url.split("://", 1)[1]
+        """``host:port`` of ``url`` as gRPC wants it (see :func:`grpc_address`)."""
+        return grpc_address(self.url)
 
     def read_credentials(self) -> tuple[bytes | None, bytes | None, bytes | None]:
         """(root CA, client key, client certificate) PEM bytes, each ``None`` if unset."""
