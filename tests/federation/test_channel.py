@@ -194,8 +194,11 @@ async def test_end_from_b_ends_both_ends_and_removes_the_queues(
     await end_b.end()
     assert end_b.state is ChannelState.ENDED
     assert ("ended", "local") in [(e.kind, e.details.get("by")) for e in events_b]
-    await eventually(lambda: peer_a.state is ChannelState.ENDED, what="A ended")
-    assert ("ended", "remote") in [(e.kind, e.details.get("by")) for e in events_a]
+    await eventually(
+        lambda: ("ended", "remote") in [(e.kind, e.details.get("by")) for e in events_a],
+        what="A ended by B",
+    )
+    assert peer_a.state is ChannelState.ENDED
     for role in ("a", "b"):
         await eventually(
             lambda role=role: _gone(dc_a.bus, f"session:to:{role}"), what=f"queue {role} gone"
@@ -216,8 +219,11 @@ async def test_peer_end_reaches_the_federated_end(dc_a: DatacenterA, dc_b: Bus) 
     await peer_a.connect()
     await end_b.listen()
     await peer_a.end()
-    await eventually(lambda: end_b.state is ChannelState.ENDED, what="B ended")
-    assert ("ended", "remote") in [(e.kind, e.details.get("by")) for e in events_b]
+    await eventually(
+        lambda: ("ended", "remote") in [(e.kind, e.details.get("by")) for e in events_b],
+        what="B ended by A",
+    )
+    assert end_b.state is ChannelState.ENDED
     assert [d async for d in end_b] == []
 
 
