@@ -65,10 +65,11 @@ from ..v1 import request_service_pb2 as pb
 from ..v1 import request_service_pb2_grpc as pb_grpc
 from ..v1 import types_pb2
 from .backoff import Backoff
-from .convert import duration, message_from_proto, outgoing, payload_value, value_to_payload
+from .convert import duration, message_from_proto, outgoing, payload_value
 from .errors import FederationUnauthorizedError, error_reason, from_rpc_error
 from .link import Link, LinkState
-from .streams import RESUMABLE, StreamBroken, first_response, read
+from .replies import NotAwaited, Reply, ReplyFailed, send_stream
+from .streams import StreamBroken, first_response, read
 
 if TYPE_CHECKING:
     from .manager import FederationManager
@@ -78,23 +79,6 @@ log = logging.getLogger(__name__)
 DEADLINE_MARGIN = 1.0
 """Seconds added to a request's timeout for its gRPC deadline, so that the gateway's own
 timeout (with its typed ``REQUEST_TIMEOUT``) normally ends the call first."""
-_MAX_CHUNK_ITEMS = 500
-_MAX_CHUNK_BYTES = 1024 * 1024  # a soft bound: one item alone may be larger
-# Statuses of a Reply that did not get through (as opposed to a refusal of its content).
-_IN_TRANSIT = RESUMABLE  # includes refused credentials: the link re-probes
-
-
-class _NotAwaited(Exception):
-    """The gateway no longer awaits a reply to the request (its stream ended, or the
-    requester gave up): the request was given back or is moot."""
-
-
-class _ReplyFailed(Exception):
-    """A Reply did not get through, although its request may still be awaited."""
-
-    def __init__(self, error: BusError) -> None:
-        super().__init__(str(error))
-        self.error = error
 
 
 class _Run:
@@ -476,34 +460,38 @@ class FederatedService:
         try:
             request = Request(message_from_proto(served.message), served.delivery_count or 1)
             try:
-                await self._answer(run.handler, request, _Reply(self, served.request_id))
-            except _ReplyFailed as failed:
+                await self._answer(
+                    run.handler,
+                    request,
+                    Reply(self.link, self._stub, self._error, served.request_id),
+                )
+            except ReplyFailed as failed:
                 log.warning("service %s: could not reply: %s", self.name, failed.error)
                 self.events.emit(Event("error", self.name, error=failed.error))
                 run.restart_if_current(generation)
         finally:
             run.slots.release()
 
-    async def _answer(self, handler: Handler, request: Request, reply: _Reply) -> None:
-        """Run the handler and send its reply; raises :class:`_ReplyFailed` if a reply
+    async def _answer(self, handler: Handler, request: Request, reply: Reply) -> None:
+        """Run the handler and send its reply; raises :class:`ReplyFailed` if a reply
         did not get through."""
         try:
             result = handler(request)
             if not isinstance(result, AsyncIterator):
                 result = await result  # a coroutine may return an async iterator: streamed
             if isinstance(result, AsyncIterator):
-                await _send_stream(result, reply)
+                await send_stream(result, reply)
             else:
                 await reply.value(result)
-        except _NotAwaited:
+        except NotAwaited:
             log.debug("service %s: a reply is no longer awaited; dropped", self.name)
-        except _ReplyFailed:
+        except ReplyFailed:
             raise
         except Exception as exc:
             log.info("service %s: handler raised %r", self.name, exc)
             await self._send_error(reply, exc)
 
-    async def _send_error(self, reply: _Reply, exc: Exception) -> None:
+    async def _send_error(self, reply: Reply, exc: Exception) -> None:
         # A handler that passes on a ServiceError (a proxy of another service) passes on
         # the original error's type and message, as the core does.
         if isinstance(exc, ServiceError):
@@ -512,7 +500,7 @@ class FederatedService:
             error_type, detail = type(exc).__name__, str(exc)
         try:
             await reply.error(error_type, detail)
-        except _NotAwaited:
+        except NotAwaited:
             log.debug("service %s: an error reply is no longer awaited; dropped", self.name)
         except BusError as refused:
             log.warning("service %s: the gateway refused an error reply: %s", self.name, refused)
@@ -579,108 +567,6 @@ class FederatedService:
 
     def _error(self, exc: grpc.aio.AioRpcError) -> BusError:
         return from_rpc_error(exc, queue=self.name, target=self.link.url)
-
-
-class _Reply:
-    """Sends the ``Reply`` calls answering one served request."""
-
-    def __init__(self, service: FederatedService, request_id: str) -> None:
-        self.service = service
-        self.request_id = request_id
-
-    async def value(self, value: Any) -> None:
-        payload, kind = value_to_payload(value)
-        reply = pb.ReplyPayload(payload=payload, kind=kind)
-        await self._send(pb.ReplyRequest(request_id=self.request_id, value=reply))
-
-    async def chunks(self, items: list[pb.ReplyPayload], end: bool) -> None:
-        chunks = pb.ReplyChunks(items=items, end=end)
-        await self._send(pb.ReplyRequest(request_id=self.request_id, chunks=chunks))
-
-    async def error(self, error_type: str, message: str) -> None:
-        error = pb.ReplyError(type=error_type, message=message)
-        await self._send(pb.ReplyRequest(request_id=self.request_id, error=error))
-
-    async def _send(self, request: pb.ReplyRequest) -> None:
-        link = self.service.link
-        try:
-            await self.service._stub().Reply(
-                request, metadata=link.metadata, timeout=link.operation_timeout, wait_for_ready=True
-            )
-        except grpc.aio.AioRpcError as exc:
-            link.report(exc)
-            code = exc.code()
-            if code is grpc.StatusCode.NOT_FOUND and error_reason(exc) == "REQUEST_NOT_FOUND":
-                raise _NotAwaited from None
-            error = self.service._error(exc)
-            if code in _IN_TRANSIT:
-                raise _ReplyFailed(error) from None
-            raise error from None  # a refusal of the content: the handler's outcome
-
-
-async def _send_stream(items: AsyncIterator[Any], reply: _Reply) -> None:
-    """Send a streamed reply: the items produced while a Reply is in flight go together
-    in the next one. The iterator runs in a task of its own (so that it is always
-    resumed in the same task) and is closed when the reply ends or fails."""
-    buffer: asyncio.Queue[Any] = asyncio.Queue(_MAX_CHUNK_ITEMS)
-    producer = asyncio.create_task(_produce(items, buffer), name="busmq-federated-reply")
-    try:
-        while True:
-            batch, failure = await _next_batch(buffer, producer)
-            end = failure is None and producer.done() and buffer.empty()
-            if batch or end:
-                await reply.chunks(batch, end)
-            if failure is not None:
-                raise failure
-            if end:
-                return
-    finally:
-        producer.cancel()
-        await asyncio.gather(producer, return_exceptions=True)
-
-
-async def _produce(items: AsyncIterator[Any], buffer: asyncio.Queue[Any]) -> None:
-    try:
-        async for item in items:
-            await buffer.put(item)
-    finally:
-        aclose = getattr(items, "aclose", None)
-        if aclose is not None:
-            await aclose()
-
-
-async def _next_batch(
-    buffer: asyncio.Queue[Any], producer: asyncio.Task[None]
-) -> tuple[list[pb.ReplyPayload], BaseException | None]:
-    """The items ready (waiting for one if none is), encoded, within the batch bounds;
-    and the handler's failure once everything before it was taken."""
-    taken: list[Any] = []
-    if buffer.empty() and not producer.done():
-        getter = asyncio.ensure_future(buffer.get())
-        try:
-            await asyncio.wait({getter, producer}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if not getter.done():
-                getter.cancel()
-        if getter.done() and not getter.cancelled():
-            taken.append(getter.result())
-    batch: list[pb.ReplyPayload] = []
-    size = 0
-    while taken or not buffer.empty():
-        value = taken.pop() if taken else buffer.get_nowait()
-        try:
-            payload, kind = value_to_payload(value)
-        except InvalidMessageError as exc:
-            return batch, exc  # a value the handler should not have produced
-        batch.append(pb.ReplyPayload(payload=payload, kind=kind))
-        size += len(payload)
-        if len(batch) >= _MAX_CHUNK_ITEMS or size >= _MAX_CHUNK_BYTES:
-            return batch, None
-    if not producer.done():
-        return batch, None
-    if producer.cancelled():
-        return batch, RuntimeError("the streamed reply was cancelled")
-    return batch, producer.exception()
 
 
 async def _wait_any(*events: asyncio.Event, timeout: float | None = None) -> None:
