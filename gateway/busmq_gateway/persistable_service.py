@@ -1,7 +1,8 @@
 """``busmq.v1.PersistableService``: save, load, keep alive and delete persistable objects.
 
-Each call builds a core ``Persistable`` tracking the fields the request names: on save
-every one counts as changed, so exactly the fields the client sent are written.
+Saves and loads build a core ``Persistable`` tracking the fields the request names: on
+save every one counts as changed, so exactly the fields the client sent are written.
+Renewal and deletion touch the stored object alone (``RedisStore``).
 """
 
 from __future__ import annotations
@@ -11,15 +12,13 @@ import json
 import grpc
 
 from busmq import Bus, Persistable
+from busmq.keys import validate_name
+from busmq.persistable import RedisStore
 from busmq.v1 import persistable_service_pb2 as pb
 from busmq.v1 import persistable_service_pb2_grpc as pb_grpc
 
 from .convert import duration, json_fields, optional_seconds
 from .errors import NotFound, RequestError, unary
-
-_NO_FIELD = ("-",)
-"""Tracked fields of a handle used for the expiry or deletion only (a Persistable tracks
-at least one; none is read or written)."""
 
 
 class PersistableService(pb_grpc.PersistableServiceServicer):
@@ -62,8 +61,9 @@ class PersistableService(pb_grpc.PersistableServiceServicer):
     async def RenewPersistable(
         self, request: pb.RenewPersistableRequest, context: grpc.aio.ServicerContext
     ) -> pb.RenewPersistableResponse:
-        obj = Persistable(self._bus, request.name, _NO_FIELD, ttl=optional_seconds(request, "ttl"))
-        if not await obj.touch():
+        ttl = optional_seconds(request, "ttl", self._bus.settings.default_ttl)
+        assert ttl is not None
+        if not await self._store(request.name).expire(max(1, int(ttl * 1000))):
             raise NotFound(f"persistable {request.name!r} does not exist", "PERSISTABLE_NOT_FOUND")
         return pb.RenewPersistableResponse()
 
@@ -71,5 +71,9 @@ class PersistableService(pb_grpc.PersistableServiceServicer):
     async def DeletePersistable(
         self, request: pb.DeletePersistableRequest, context: grpc.aio.ServicerContext
     ) -> pb.DeletePersistableResponse:
-        await Persistable(self._bus, request.name, _NO_FIELD).delete()
+        await self._store(request.name).delete()
         return pb.DeletePersistableResponse()
+
+    def _store(self, name: str) -> RedisStore:
+        """The stored object alone, for calls that read and write no field."""
+        return RedisStore(self._bus, validate_name(name))
