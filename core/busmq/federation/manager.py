@@ -50,6 +50,7 @@ class Reattachable(Protocol):
     async def reattach(self) -> bool:
         """Attach the remote queue again; whether it is attached now."""
 
+
 log = logging.getLogger(__name__)
 
 
