@@ -24,7 +24,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import redis.asyncio as aioredis
 import redis.exceptions as rex
 
 from .acks import AckBatcher
@@ -38,6 +37,7 @@ from .errors import (
 from .events import Event
 from .keys import CONSUMER_GROUP
 from .message import Delivery, decode_entry, decode_raw, int_to_stream_id, stream_entries
+from .mux import Arg, Command, MuxClient
 
 if TYPE_CHECKING:
     from .queue import Queue
@@ -254,7 +254,7 @@ class Consumer:
         """Acknowledge every delivery of this consumer with an id up to ``message_id``.
         Returns how many were pending and are now acknowledged."""
         self._require_acks()
-        acked: int = await self.queue._run(
+        acked: int = await self.queue._run_fast(
             lambda c: self.queue._bus.scripts.call(
                 c, "ack_upto", [self.queue._keys.stream], [self.name, int_to_stream_id(message_id)]
             ),
@@ -372,38 +372,12 @@ class Consumer:
         return idle
 
     async def _fetch(self, count: int) -> list[Delivery]:
-        stream = self.queue._keys.stream
-        settle = self._settle if self.mode is Mode.AT_LEAST_ONCE else None
-
-        async def read(client: aioredis.Redis) -> Any:
-            pipe = client.pipeline(transaction=False)
-            if self.mode is Mode.REPLAY:
-                # A missing stream reads as empty: notice a closed queue instead.
-                pipe.exists(self.queue._keys.info)
-                pipe.xread({stream: self._cursor}, count=count)
-                exists, entries = await pipe.execute()
-                if not exists:
-                    raise QueueNotFoundError(self.queue.name)
-                return entries
-            if self.mode is Mode.AT_MOST_ONCE and self._to_delete:
-                pipe.xdel(stream, *self._to_delete)
-            pipe.xreadgroup(
-                CONSUMER_GROUP,
-                self.name,
-                {stream: ">"},
-                count=count,
-                noack=self.mode is Mode.AT_MOST_ONCE,
+        if self.mode is Mode.REPLAY:
+            reply = await self.queue._run_fast(lambda m: self._read(m, count), idempotent=True)
+        else:
+            reply = await self.queue._run_fast(
+                lambda m: self._read_group(m, count), idempotent=True
             )
-            results = await pipe.execute(raise_on_error=False)
-            for result in results:
-                if isinstance(result, rex.ResponseError):
-                    # The group is gone with its stream: check the queue, recreate it.
-                    if str(result).startswith("NOGROUP"):
-                        raise _GroupMissing
-                    raise result
-            return results[-1]
-
-        reply = await self.queue._run(read, idempotent=True)
         entries = stream_entries(reply)
         if self.mode is Mode.AT_MOST_ONCE:
             self._to_delete = [entry[0] for entry in entries]
@@ -412,12 +386,56 @@ class Consumer:
         if self.mode is Mode.REPLAY:
             last = entries[-1][0]
             self._cursor = last.decode() if isinstance(last, bytes) else last
+        settle = self._settle if self.mode is Mode.AT_LEAST_ONCE else None
         return [Delivery(decode_raw(eid, fields), 1, settle) for eid, fields in entries]
+
+    async def _read(self, mux: MuxClient, count: int) -> Any:
+        """Replay: ``XREAD`` from the cursor."""
+        keys = self.queue._keys
+        exists, entries = await mux.execute_many(
+            [
+                (b"EXISTS", keys.info),
+                (b"XREAD", b"COUNT", count, b"STREAMS", keys.stream, self._cursor),
+            ]
+        )
+        for result in (exists, entries):
+            if isinstance(result, rex.RedisError):
+                raise result
+        if not exists:  # a missing stream reads as empty: notice a closed queue instead
+            raise QueueNotFoundError(self.queue.name)
+        return entries
+
+    async def _read_group(self, mux: MuxClient, count: int) -> Any:
+        """Destructive modes: ``XREADGROUP``, after deleting what the last at-most-once
+        read returned (one round trip for both)."""
+        stream = self.queue._keys.stream
+        commands: list[Command] = []
+        if self.mode is Mode.AT_MOST_ONCE and self._to_delete:
+            commands.append((b"XDEL", stream, *self._to_delete))
+        read: tuple[Arg, ...] = (
+            b"XREADGROUP",
+            b"GROUP",
+            CONSUMER_GROUP,
+            self.name,
+            b"COUNT",
+            count,
+        )
+        if self.mode is Mode.AT_MOST_ONCE:
+            read += (b"NOACK",)
+        commands.append((*read, b"STREAMS", stream, b">"))
+        results = await mux.execute_many(commands)
+        for result in results:
+            if isinstance(result, rex.RedisError):
+                # The group is gone with its stream: check the queue, recreate it.
+                if str(result).startswith("NOGROUP"):
+                    raise _GroupMissing
+                raise result
+        return results[-1]
 
     async def _claim(self, count: int) -> list[Delivery]:
         stream = self.queue._keys.stream
         min_idle = int(self.visibility_timeout * 1000)
-        flat: list[Any] = await self.queue._run(
+        flat: list[Any] = await self.queue._run_fast(
             lambda c: self.queue._bus.scripts.call(
                 c, "claim", [stream], [self.name, min_idle, count, _FORGET_CONSUMER_MS]
             ),
@@ -434,7 +452,7 @@ class Consumer:
     async def _delete_read(self, ids: list[bytes]) -> None:
         stream = self.queue._keys.stream
         try:
-            await self.queue._run(lambda c: c.xdel(stream, *ids), idempotent=True)
+            await self.queue._run_fast(lambda c: c.execute(b"XDEL", stream, *ids), idempotent=True)
             self._to_delete = []
         except BusError as exc:  # collected later by the lease renewal
             log.debug("deferred delete of %d read messages: %s", len(ids), exc)
