@@ -342,7 +342,7 @@ class Consumer:
                 if len(batch) < count:
                     # Drained: wait for a wake-up rather than make the empty read that
                     # would follow (a push during the read set ``wake`` already).
-                    await _wait(wake, self._idle_seconds)
+                    await _wait(wake, self._idle_seconds, shard.notifier.tick)
             if self._to_delete:  # the last at-most-once batch: nothing follows to carry it
                 await self._delete_read(self._to_delete)
         except Exception as exc:
@@ -475,7 +475,10 @@ async def handle_each(
             await delivery.ack()
 
 
-async def _wait(event: asyncio.Event, timeout: float) -> None:
+async def _wait(event: asyncio.Event, timeout: float, tick: float) -> None:
+    if timeout >= tick:  # the notifier sets the event at least every tick: no timer
+        await event.wait()
+        return
     try:
         async with asyncio.timeout(timeout):
             await event.wait()

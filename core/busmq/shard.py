@@ -118,7 +118,12 @@ class Shard:
             reply_timeout=settings.operation_timeout,
             connect_timeout=settings.operation_timeout,
         )
-        self.notifier = Notifier(self.client, settings.reconnect_backoff_max)
+        self.notifier = Notifier(
+            endpoint,
+            connect_timeout=settings.operation_timeout,
+            retry_max=settings.reconnect_backoff_max,
+            tick=settings.block_seconds,
+        )
         self.state = ShardState.CONNECTING
         self._online = asyncio.Event()
         self._wake_monitor = asyncio.Event()
