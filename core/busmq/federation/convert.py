@@ -4,39 +4,42 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 from google.protobuf import duration_pb2
 
-from ..message import Delivery, EncodedMessage, Message, PayloadKind
+from ..message import NO_HEADERS, Delivery, EncodedMessage, Message, PayloadKind
 from ..v1 import types_pb2
 from ..wire import KIND_FROM_PROTO, KIND_TO_PROTO
 
 Settle = Callable[[int, bool], Awaitable[None]]
 
 
-def outgoing(messages: Sequence[EncodedMessage]) -> list[types_pb2.OutgoingMessage]:
-    """Encoded core messages as ``OutgoingMessage`` (payload bytes are not re-encoded)."""
+def outgoing(messages: Sequence[EncodedMessage]) -> list[dict[str, Any]]:
+    """Encoded core messages as the fields of ``OutgoingMessage`` (payload bytes are not
+    re-encoded). Dicts, because protobuf builds the messages from them in C, about 4x
+    cheaper than building each in Python."""
     result = []
     for message in messages:
-        headers = json.loads(message.headers) if message.headers else {}
-        result.append(
-            types_pb2.OutgoingMessage(
-                payload=message.payload, kind=KIND_TO_PROTO[message.kind], headers=headers
-            )
-        )
+        fields: dict[str, Any] = {"payload": message.payload, "kind": KIND_TO_PROTO[message.kind]}
+        if message.headers:
+            fields["headers"] = json.loads(message.headers)
+        result.append(fields)
     return result
 
 
 def delivery(proto: types_pb2.Delivery, settle: Settle | None) -> Delivery:
     """A core :class:`~busmq.Delivery` from a streamed one; ``settle`` backs ack/nack."""
     message = proto.message
+    push_time = message.push_time
+    headers = message.headers
     return Delivery(
         Message(
-            id=message.id,
-            payload=message.payload,
-            kind=KIND_FROM_PROTO.get(message.kind, PayloadKind.BYTES),
-            headers=dict(message.headers),
-            timestamp_ms=message.push_time.ToMilliseconds(),
+            message.id,
+            message.payload,
+            KIND_FROM_PROTO.get(message.kind, PayloadKind.BYTES),
+            dict(headers) if headers else NO_HEADERS,
+            push_time.seconds * 1000 + push_time.nanos // 1_000_000,
         ),
         proto.delivery_count or 1,
         settle,
