@@ -113,7 +113,9 @@ class Consumer:
         self._stopping = False
         self._finished = False
         self._acks = AckBatcher(queue.name, self._flush_acks)
-        self._inflight: asyncio.Future[list[Delivery]] | None = None
+        self._not_reading = asyncio.Event()  # clear while a read is in flight
+        self._not_reading.set()
+        self._unbuffered: list[Delivery] = []  # read, not yet in the buffer
         self._to_delete: list[bytes] = []  # at-most-once: read, to be deleted with the next read
         self._cursor = "0-0"  # replay: the last stream id read
 
@@ -151,17 +153,14 @@ class Consumer:
         self.stop()
         leftovers = [d.id for d in self._batch[self._index :]]
         if self._reader is not None:
+            if self.mode is Mode.AT_MOST_ONCE:
+                # What a read in flight returns is already removed from Redis: let it
+                # finish (reads are bounded by the operation timeout) and count it.
+                await self._not_reading.wait()
             self._reader.cancel()
             await asyncio.gather(self._reader, return_exceptions=True)
-        inflight, self._inflight = self._inflight, None
-        if inflight is not None:
-            if self.mode is Mode.AT_MOST_ONCE:
-                # What this read returns is already removed from Redis: let it finish.
-                results = await asyncio.gather(inflight, return_exceptions=True)
-                if isinstance(results[0], list):
-                    leftovers.extend(d.id for d in results[0])
-            else:
-                inflight.cancel()
+        leftovers.extend(d.id for d in self._unbuffered)
+        self._unbuffered = []
         while not self._buffer.empty():
             item = self._buffer.get_nowait()
             if isinstance(item, list):
@@ -326,7 +325,7 @@ class Consumer:
                         next_claim = loop.time() + self._claim_interval
                         batch = await self._claim(count)
                     if not batch:
-                        batch = await self._fetch_shielded(count)
+                        batch = await self._read_batch(count)
                 except BusUnavailableError as exc:
                     self.queue.events.emit(Event("error", self.queue.name, error=exc))
                     await asyncio.sleep(backoff)
@@ -338,7 +337,9 @@ class Consumer:
                 backoff = 0.05
                 if batch:
                     self._fetched += len(batch)
+                    self._unbuffered = batch
                     await self._buffer.put(batch)
+                    self._unbuffered = []
                 if len(batch) < count:
                     # Drained: wait for a wake-up rather than make the empty read that
                     # would follow (a push during the read set ``wake`` already).
@@ -352,12 +353,13 @@ class Consumer:
         # Not reached when cancelled by close(), which ends the iteration itself.
         await self._buffer.put(end)
 
-    async def _fetch_shielded(self, count: int) -> list[Delivery]:
-        # Shielded so that close() can collect a read in flight instead of losing it.
-        self._inflight = asyncio.ensure_future(self._fetch(count))
-        batch = await asyncio.shield(self._inflight)
-        self._inflight = None
-        return batch
+    async def _read_batch(self, count: int) -> list[Delivery]:
+        # close() waits for a read in flight rather than cancel it (see there).
+        self._not_reading.clear()
+        try:
+            return await self._fetch(count)
+        finally:
+            self._not_reading.set()
 
     @property
     def _claim_interval(self) -> float:
