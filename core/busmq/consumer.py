@@ -24,7 +24,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import redis.asyncio as aioredis
 import redis.exceptions as rex
 
 from .acks import AckBatcher
@@ -38,6 +37,7 @@ from .errors import (
 from .events import Event
 from .keys import CONSUMER_GROUP
 from .message import Delivery, decode_entry, decode_raw, int_to_stream_id, stream_entries
+from .mux import Arg, Command, MuxClient
 
 if TYPE_CHECKING:
     from .queue import Queue
@@ -113,7 +113,9 @@ class Consumer:
         self._stopping = False
         self._finished = False
         self._acks = AckBatcher(queue.name, self._flush_acks)
-        self._inflight: asyncio.Future[list[Delivery]] | None = None
+        self._not_reading = asyncio.Event()  # clear while a read is in flight
+        self._not_reading.set()
+        self._unbuffered: list[Delivery] = []  # read, not yet in the buffer
         self._to_delete: list[bytes] = []  # at-most-once: read, to be deleted with the next read
         self._cursor = "0-0"  # replay: the last stream id read
 
@@ -151,17 +153,14 @@ class Consumer:
         self.stop()
         leftovers = [d.id for d in self._batch[self._index :]]
         if self._reader is not None:
+            if self.mode is Mode.AT_MOST_ONCE:
+                # What a read in flight returns is already removed from Redis: let it
+                # finish (reads are bounded by the operation timeout) and count it.
+                await self._not_reading.wait()
             self._reader.cancel()
             await asyncio.gather(self._reader, return_exceptions=True)
-        inflight, self._inflight = self._inflight, None
-        if inflight is not None:
-            if self.mode is Mode.AT_MOST_ONCE:
-                # What this read returns is already removed from Redis: let it finish.
-                results = await asyncio.gather(inflight, return_exceptions=True)
-                if isinstance(results[0], list):
-                    leftovers.extend(d.id for d in results[0])
-            else:
-                inflight.cancel()
+        leftovers.extend(d.id for d in self._unbuffered)
+        self._unbuffered = []
         while not self._buffer.empty():
             item = self._buffer.get_nowait()
             if isinstance(item, list):
@@ -254,7 +253,7 @@ class Consumer:
         """Acknowledge every delivery of this consumer with an id up to ``message_id``.
         Returns how many were pending and are now acknowledged."""
         self._require_acks()
-        acked: int = await self.queue._run(
+        acked: int = await self.queue._run_fast(
             lambda c: self.queue._bus.scripts.call(
                 c, "ack_upto", [self.queue._keys.stream], [self.name, int_to_stream_id(message_id)]
             ),
@@ -326,7 +325,7 @@ class Consumer:
                         next_claim = loop.time() + self._claim_interval
                         batch = await self._claim(count)
                     if not batch:
-                        batch = await self._fetch_shielded(count)
+                        batch = await self._read_batch(count)
                 except BusUnavailableError as exc:
                     self.queue.events.emit(Event("error", self.queue.name, error=exc))
                     await asyncio.sleep(backoff)
@@ -338,11 +337,13 @@ class Consumer:
                 backoff = 0.05
                 if batch:
                     self._fetched += len(batch)
+                    self._unbuffered = batch
                     await self._buffer.put(batch)
+                    self._unbuffered = []
                 if len(batch) < count:
                     # Drained: wait for a wake-up rather than make the empty read that
                     # would follow (a push during the read set ``wake`` already).
-                    await _wait(wake, self._idle_seconds)
+                    await _wait(wake, self._idle_seconds, shard.notifier.tick)
             if self._to_delete:  # the last at-most-once batch: nothing follows to carry it
                 await self._delete_read(self._to_delete)
         except Exception as exc:
@@ -352,12 +353,13 @@ class Consumer:
         # Not reached when cancelled by close(), which ends the iteration itself.
         await self._buffer.put(end)
 
-    async def _fetch_shielded(self, count: int) -> list[Delivery]:
-        # Shielded so that close() can collect a read in flight instead of losing it.
-        self._inflight = asyncio.ensure_future(self._fetch(count))
-        batch = await asyncio.shield(self._inflight)
-        self._inflight = None
-        return batch
+    async def _read_batch(self, count: int) -> list[Delivery]:
+        # close() waits for a read in flight rather than cancel it (see there).
+        self._not_reading.clear()
+        try:
+            return await self._fetch(count)
+        finally:
+            self._not_reading.set()
 
     @property
     def _claim_interval(self) -> float:
@@ -372,38 +374,12 @@ class Consumer:
         return idle
 
     async def _fetch(self, count: int) -> list[Delivery]:
-        stream = self.queue._keys.stream
-        settle = self._settle if self.mode is Mode.AT_LEAST_ONCE else None
-
-        async def read(client: aioredis.Redis) -> Any:
-            pipe = client.pipeline(transaction=False)
-            if self.mode is Mode.REPLAY:
-                # A missing stream reads as empty: notice a closed queue instead.
-                pipe.exists(self.queue._keys.info)
-                pipe.xread({stream: self._cursor}, count=count)
-                exists, entries = await pipe.execute()
-                if not exists:
-                    raise QueueNotFoundError(self.queue.name)
-                return entries
-            if self.mode is Mode.AT_MOST_ONCE and self._to_delete:
-                pipe.xdel(stream, *self._to_delete)
-            pipe.xreadgroup(
-                CONSUMER_GROUP,
-                self.name,
-                {stream: ">"},
-                count=count,
-                noack=self.mode is Mode.AT_MOST_ONCE,
+        if self.mode is Mode.REPLAY:
+            reply = await self.queue._run_fast(lambda m: self._read(m, count), idempotent=True)
+        else:
+            reply = await self.queue._run_fast(
+                lambda m: self._read_group(m, count), idempotent=True
             )
-            results = await pipe.execute(raise_on_error=False)
-            for result in results:
-                if isinstance(result, rex.ResponseError):
-                    # The group is gone with its stream: check the queue, recreate it.
-                    if str(result).startswith("NOGROUP"):
-                        raise _GroupMissing
-                    raise result
-            return results[-1]
-
-        reply = await self.queue._run(read, idempotent=True)
         entries = stream_entries(reply)
         if self.mode is Mode.AT_MOST_ONCE:
             self._to_delete = [entry[0] for entry in entries]
@@ -412,12 +388,56 @@ class Consumer:
         if self.mode is Mode.REPLAY:
             last = entries[-1][0]
             self._cursor = last.decode() if isinstance(last, bytes) else last
+        settle = self._settle if self.mode is Mode.AT_LEAST_ONCE else None
         return [Delivery(decode_raw(eid, fields), 1, settle) for eid, fields in entries]
+
+    async def _read(self, mux: MuxClient, count: int) -> Any:
+        """Replay: ``XREAD`` from the cursor."""
+        keys = self.queue._keys
+        exists, entries = await mux.execute_many(
+            [
+                (b"EXISTS", keys.info),
+                (b"XREAD", b"COUNT", count, b"STREAMS", keys.stream, self._cursor),
+            ]
+        )
+        for result in (exists, entries):
+            if isinstance(result, rex.RedisError):
+                raise result
+        if not exists:  # a missing stream reads as empty: notice a closed queue instead
+            raise QueueNotFoundError(self.queue.name)
+        return entries
+
+    async def _read_group(self, mux: MuxClient, count: int) -> Any:
+        """Destructive modes: ``XREADGROUP``, after deleting what the last at-most-once
+        read returned (one round trip for both)."""
+        stream = self.queue._keys.stream
+        commands: list[Command] = []
+        if self.mode is Mode.AT_MOST_ONCE and self._to_delete:
+            commands.append((b"XDEL", stream, *self._to_delete))
+        read: tuple[Arg, ...] = (
+            b"XREADGROUP",
+            b"GROUP",
+            CONSUMER_GROUP,
+            self.name,
+            b"COUNT",
+            count,
+        )
+        if self.mode is Mode.AT_MOST_ONCE:
+            read += (b"NOACK",)
+        commands.append((*read, b"STREAMS", stream, b">"))
+        results = await mux.execute_many(commands)
+        for result in results:
+            if isinstance(result, rex.RedisError):
+                # The group is gone with its stream: check the queue, recreate it.
+                if str(result).startswith("NOGROUP"):
+                    raise _GroupMissing
+                raise result
+        return results[-1]
 
     async def _claim(self, count: int) -> list[Delivery]:
         stream = self.queue._keys.stream
         min_idle = int(self.visibility_timeout * 1000)
-        flat: list[Any] = await self.queue._run(
+        flat: list[Any] = await self.queue._run_fast(
             lambda c: self.queue._bus.scripts.call(
                 c, "claim", [stream], [self.name, min_idle, count, _FORGET_CONSUMER_MS]
             ),
@@ -434,7 +454,7 @@ class Consumer:
     async def _delete_read(self, ids: list[bytes]) -> None:
         stream = self.queue._keys.stream
         try:
-            await self.queue._run(lambda c: c.xdel(stream, *ids), idempotent=True)
+            await self.queue._run_fast(lambda c: c.execute(b"XDEL", stream, *ids), idempotent=True)
             self._to_delete = []
         except BusError as exc:  # collected later by the lease renewal
             log.debug("deferred delete of %d read messages: %s", len(ids), exc)
@@ -457,7 +477,10 @@ async def handle_each(
             await delivery.ack()
 
 
-async def _wait(event: asyncio.Event, timeout: float) -> None:
+async def _wait(event: asyncio.Event, timeout: float, tick: float) -> None:
+    if timeout >= tick:  # the notifier sets the event at least every tick: no timer
+        await event.wait()
+        return
     try:
         async with asyncio.timeout(timeout):
             await event.wait()

@@ -120,13 +120,14 @@ def decode_entry(entry_id: bytes, fields: Mapping[bytes, bytes]) -> Message:
         id=stream_id_to_int(entry_id),
         payload=fields.get(F_PAYLOAD, b""),
         kind=_KINDS[fields.get(F_KIND, b"b")],
-        headers=json.loads(raw_headers) if raw_headers else _NO_HEADERS,
+        headers=json.loads(raw_headers) if raw_headers else NO_HEADERS,
         timestamp_ms=int(fields.get(F_TIME, b"0")),
     )
 
 
 _KINDS = {kind.value: kind for kind in PayloadKind}
-_NO_HEADERS: Mapping[str, str] = MappingProxyType({})
+NO_HEADERS: Mapping[str, str] = MappingProxyType({})
+"""The headers of every message pushed without any: one shared, read-only mapping."""
 
 
 def decode_raw(entry_id: bytes, flat: Sequence[bytes]) -> Message:
@@ -140,7 +141,7 @@ def decode_raw(entry_id: bytes, flat: Sequence[bytes]) -> Message:
             int(entry_id[:-2]) if entry_id[-2:] == b"-0" else stream_id_to_int(entry_id),
             flat[1],
             _KINDS[flat[3]],
-            _NO_HEADERS,
+            NO_HEADERS,
             int(flat[5]),
         )
     return decode_entry(entry_id, dict(zip(flat[::2], flat[1::2], strict=True)))

@@ -3,118 +3,198 @@ read per consumer.
 
 Every push publishes the queue's last id on ``busmq:{name}:n``. A consumer reads without
 blocking; when it finds nothing it waits on an in-process event that this notifier sets
-when a message for its queue is published, or until ``block_seconds`` pass (so a lost
-notification, e.g. during a reconnect, delays a delivery but never loses it). A process
-therefore holds O(1) Redis connections per shard however many consumers it runs.
+when a message for its queue is published. A process therefore holds O(1) Redis
+connections per shard however many consumers it runs.
+
+The subscription speaks RESP itself (an ``asyncio.Protocol`` with a hiredis reader, see
+:mod:`busmq.mux`) and sets the consumers' events right where it parses a publication:
+no redis-py ``PubSub``, no polling task. A tick every ``block_seconds`` also wakes every
+watcher, so a lost notification (pub/sub is fire-and-forget) delays a delivery by at
+most one tick and never loses it, and idle consumers need no timer of their own. After a
+reconnect the notifier subscribes again and wakes every watcher, since publications made
+while it was away were not seen.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import defaultdict
+import random
+from typing import Any
 
-import redis.asyncio as aioredis
+import redis.exceptions as rex
 
 from .keys import QueueKeys
+from .mux import Endpoint, RespProtocol
 
 log = logging.getLogger(__name__)
 
-_CONNECTION_ERRORS = (ConnectionError, OSError, TimeoutError)
+
+class _Subscription(RespProtocol):
+    """The notifier's connection: replies to the handshake, then publications."""
+
+    def __init__(self, notifier: Notifier, label: str, timeout: float) -> None:
+        super().__init__(label, timeout)
+        self._waiters = notifier._waiters
+        self._confirmations: dict[bytes, list[asyncio.Future[None]]] = {}
+
+    def subscribe(self, channels: list[bytes]) -> asyncio.Future[None]:
+        """Subscribe; the future is done when Redis confirmed every channel, or when
+        the connection ended (see :attr:`error`)."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self.error is not None:
+            future.set_result(None)
+            return future
+        self.write((b"SUBSCRIBE", *channels))
+        # Redis confirms the channels in order: the last confirmation covers them all.
+        self._confirmations.setdefault(channels[-1], []).append(future)
+        return future
+
+    def push_received(self, reply: Any) -> None:
+        if type(reply) is not list or len(reply) != 3:
+            super().push_received(reply)  # an error or garbage: reconnect
+            return
+        kind, channel, _ = reply
+        if kind == b"message":
+            for event in self._waiters.get(channel, ()):
+                event.set()
+        elif kind == b"subscribe":
+            for future in self._confirmations.pop(channel, ()):
+                if not future.done():
+                    future.set_result(None)
+
+    def fail(self, kind: type[rex.RedisError], message: str) -> None:
+        super().fail(kind, message)
+        confirmations, self._confirmations = self._confirmations, {}
+        for futures in confirmations.values():
+            for future in futures:
+                if not future.done():
+                    future.set_result(None)  # do not wait: the tick covers the gap
 
 
 class Notifier:
     """Pub/sub subscriptions of one shard, shared by every local consumer."""
 
-    def __init__(self, client: aioredis.Redis, retry_max: float) -> None:
-        self._client = client
+    def __init__(
+        self, endpoint: Endpoint, *, connect_timeout: float, retry_max: float, tick: float
+    ) -> None:
+        self._endpoint = endpoint
+        self._connect_timeout = connect_timeout
         self._retry_max = retry_max
-        self._pubsub: aioredis.client.PubSub | None = None
-        self._waiters: dict[str, set[asyncio.Event]] = defaultdict(set)
-        self._listener: asyncio.Task[None] | None = None
-        self._lock = asyncio.Lock()
+        self.tick = tick
+        """Seconds between wake-ups of every watcher."""
+        self._waiters: dict[bytes, set[asyncio.Event]] = {}
+        self._subscription: _Subscription | None = None  # set while subscribed
+        self._task: asyncio.Task[None] | None = None
+        self._ticker: asyncio.TimerHandle | None = None
+        self._closed = False
 
     async def watch(self, queue: str) -> asyncio.Event:
-        """An event set whenever ``queue`` gets messages (clear it before each read)."""
-        channel = QueueKeys(queue).notify_channel
+        """An event set whenever ``queue`` gets messages, and at least every
+        :attr:`tick` (clear it before each read)."""
+        channel = QueueKeys(queue).notify_channel.encode()
         event = asyncio.Event()
-        async with self._lock:
-            first = not self._waiters[channel]
-            self._waiters[channel].add(event)
-            if first:
-                await self._subscribe(channel)
+        waiters = self._waiters.setdefault(channel, set())
+        first = not waiters
+        waiters.add(event)
+        self._start()
+        subscription = self._subscription
+        if first and subscription is not None:
+            confirmed = subscription.subscribe([channel])
+            try:
+                # Subscribed before the consumer's first read, so no push is missed
+                # between the two (bounded: the tick covers a slow answer).
+                async with asyncio.timeout(self._connect_timeout):
+                    await asyncio.shield(confirmed)
+            except TimeoutError:
+                pass
+            except asyncio.CancelledError:
+                self._discard(channel, event)
+                raise
         return event
 
     async def unwatch(self, queue: str, event: asyncio.Event) -> None:
-        channel = QueueKeys(queue).notify_channel
-        async with self._lock:
-            waiters = self._waiters.get(channel)
-            if waiters is None:
-                return
-            waiters.discard(event)
-            if not waiters:
-                del self._waiters[channel]
-                if self._pubsub is not None:
-                    try:
-                        await self._pubsub.unsubscribe(channel)
-                    except Exception as exc:  # the listener will reconnect and resubscribe
-                        log.debug("unsubscribe %s failed: %s", channel, exc)
+        self._discard(QueueKeys(queue).notify_channel.encode(), event)
 
-    async def _subscribe(self, channel: str) -> None:
-        if self._pubsub is None:
-            self._pubsub = self._client.pubsub(ignore_subscribe_messages=True)
-        try:
-            await self._pubsub.subscribe(channel)
-        except Exception as exc:  # consumers fall back to their timeout meanwhile
-            log.debug("subscribe %s failed: %s", channel, exc)
-        if self._listener is None or self._listener.done():
-            self._listener = asyncio.create_task(self._listen(), name="busmq-notifier")
+    def _discard(self, channel: bytes, event: asyncio.Event) -> None:
+        waiters = self._waiters.get(channel)
+        if waiters is None:
+            return
+        waiters.discard(event)
+        if not waiters:
+            del self._waiters[channel]
+            if self._subscription is not None:
+                self._subscription.write((b"UNSUBSCRIBE", channel))
 
-    async def _listen(self) -> None:
-        backoff = 0.05
-        while self._waiters:
-            pubsub = self._pubsub
-            try:
-                if pubsub is None or not pubsub.subscribed:
-                    await self._resubscribe()
-                    continue
-                message = await pubsub.get_message(timeout=1.0)
-                backoff = 0.05
-            except Exception as exc:
-                log.debug("notifier connection lost: %s", exc)
-                await self._reset()
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, self._retry_max)
-                continue
-            if message is None or message.get("type") != "message":
-                continue
-            channel = message["channel"]
-            name = channel.decode() if isinstance(channel, bytes) else channel
-            for event in self._waiters.get(name, ()):
-                event.set()
+    def _start(self) -> None:
+        if self._closed:
+            return
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(
+                self._run(), name=f"busmq-notifier {self._endpoint.label}"
+            )
+        if self._ticker is None:
+            self._ticker = asyncio.get_running_loop().call_later(self.tick, self._on_tick)
 
-    async def _resubscribe(self) -> None:
-        async with self._lock:
-            if self._pubsub is None:
-                self._pubsub = self._client.pubsub(ignore_subscribe_messages=True)
-            if self._waiters:
-                await self._pubsub.subscribe(*self._waiters)
-        # Wake everyone: messages published while unsubscribed were not announced.
+    def _on_tick(self) -> None:
+        self._wake_all()
+        self._ticker = None
+        if self._waiters and not self._closed:
+            self._ticker = asyncio.get_running_loop().call_later(self.tick, self._on_tick)
+
+    def _wake_all(self) -> None:
         for waiters in self._waiters.values():
             for event in waiters:
                 event.set()
 
-    async def _reset(self) -> None:
-        pubsub, self._pubsub = self._pubsub, None
-        if pubsub is not None:
+    async def _run(self) -> None:
+        endpoint = self._endpoint
+        backoff = 0.05
+        while self._waiters and not self._closed:
             try:
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
-            except Exception as exc:
-                log.debug("closing pub/sub connection: %s", exc)
+                subscription = await endpoint.connect(
+                    lambda: _Subscription(self, endpoint.label, self._connect_timeout),
+                    self._connect_timeout,
+                    select=False,  # pub/sub channels do not depend on the database
+                )
+                await self._subscribe_all(subscription)
+            except rex.RedisError as exc:
+                log.debug("notifier of %s cannot subscribe: %s", endpoint.label, exc)
+                await asyncio.sleep(backoff * (0.5 + random.random() / 2))
+                backoff = min(backoff * 2, self._retry_max)
+                continue
+            backoff = 0.05
+            # Publications made while unsubscribed were not announced: read again.
+            self._wake_all()
+            try:
+                await subscription.ended
+            finally:
+                self._subscription = None
+                subscription.fail(rex.ConnectionError, f"notifier of {endpoint.label} stopped")
+            log.debug("notifier of %s lost its connection: %s", endpoint.label, subscription.error)
+
+    async def _subscribe_all(self, subscription: _Subscription) -> None:
+        """Subscribe to every watched channel and wait for Redis to confirm."""
+        self._subscription = subscription  # watch() subscribes its own from now on
+        if self._waiters:
+            confirmed = subscription.subscribe(list(self._waiters))
+            try:
+                async with asyncio.timeout(self._connect_timeout):
+                    await confirmed
+            except TimeoutError:
+                subscription.fail(rex.TimeoutError, "no answer to SUBSCRIBE")
+        if subscription.error is not None:
+            self._subscription = None
+            raise subscription.error
 
     async def close(self) -> None:
+        """Stop; every watcher is woken once more (its next read finds the shard closed)."""
+        self._closed = True
+        if self._ticker is not None:
+            self._ticker.cancel()
+            self._ticker = None
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        self._wake_all()
         self._waiters.clear()
-        if self._listener is not None:
-            self._listener.cancel()
-            await asyncio.gather(self._listener, return_exceptions=True)
-        await self._reset()

@@ -31,6 +31,7 @@ from .message import (
 
 if TYPE_CHECKING:
     from .bus import Bus
+    from .mux import MuxClient
     from .shard import Shard
 
 T = TypeVar("T")
@@ -164,7 +165,9 @@ class Queue:
         self, member: str, *, create: bool, ttl_ms: str, limits: tuple[str, str, str]
     ) -> tuple[int, int]:
         lease_ms = _ms(self._bus.settings.lease_seconds)
-        reply = await self._run(
+        # On the fast connection: the bus renews every attached queue at once, and a
+        # burst of redis-py calls would stall the loop for milliseconds.
+        reply = await self._run_fast(
             lambda c: self._bus.scripts.call(
                 c,
                 "attach",
@@ -259,7 +262,7 @@ class Queue:
                 raise ValueError("request_id must be 1-200 characters")
             keys.append(self._keys.dedupe_prefix + request_id)
         try:
-            first, duplicate = await self._run(
+            first, duplicate = await self._run_fast(
                 lambda c: self._bus.scripts.call(c, "push", keys, args), idempotent=False
             )
         except RedisCommandError as exc:
@@ -317,7 +320,7 @@ class Queue:
         if not ids:
             return []
         stream_ids = [int_to_stream_id(i) for i in ids]
-        unknown: list[bytes] = await self._run(
+        unknown: list[bytes] = await self._run_fast(
             lambda c: self._bus.scripts.call(c, "ack", [self._keys.stream], stream_ids),
             idempotent=False,
         )
@@ -412,6 +415,12 @@ class Queue:
         shard = self._shard or await self._bus._locate(self.name)
         self._shard = shard
         return await shard.run(call, idempotent=idempotent)
+
+    async def _run_fast(self, call: Callable[[MuxClient], Awaitable[T]], *, idempotent: bool) -> T:
+        """:meth:`_run` for the hot paths (see :meth:`Shard.run_fast`)."""
+        shard = self._shard or await self._bus._locate(self.name)
+        self._shard = shard
+        return await shard.run_fast(call, idempotent=idempotent)
 
     def _script_error(self, exc: RedisCommandError) -> Exception:
         text = str(exc)

@@ -14,6 +14,8 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 
+from .mux import MuxClient
+
 
 def _source(name: str) -> str:
     lua = resources.files(__package__) / "lua"
@@ -32,10 +34,13 @@ class Scripts:
 
     async def call(
         self,
-        client: aioredis.Redis,
+        client: aioredis.Redis | MuxClient,
         name: str,
         keys: Sequence[str],
         args: Sequence[str | bytes | int | float],
     ) -> Any:
         """Run script ``name`` on ``client`` (loading it first if the server lost it)."""
-        return await self._scripts[name](keys=list(keys), args=list(args), client=client)
+        script = self._scripts[name]
+        if isinstance(client, MuxClient):
+            return await client.run_script(script.sha, script.script, keys, args)
+        return await script(keys=list(keys), args=list(args), client=client)

@@ -1,9 +1,11 @@
 """One Redis deployment of the bus: its clients, its health, and the error boundary.
 
-Every Redis call of the core goes through :meth:`Shard.run`, which bounds it by the
-operation timeout and translates redis-py exceptions into busmq's. redis-py's own
-retries are switched off: a push must never be resent behind the caller's back, so
-only calls marked idempotent are retried here, and only within the timeout.
+Every Redis call of the core goes through :meth:`Shard.run` (redis-py, for everything
+but the hot paths) or :meth:`Shard.run_fast` (the shard's auto-pipelined connection,
+:mod:`busmq.mux`, for push, read and ack). Both bound the call by the operation timeout
+and translate client exceptions into busmq's. Nothing is resent behind the caller's
+back: redis-py's own retries are off and the mux never resends, so only calls marked
+idempotent are retried here, and only within the timeout.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import asyncio
 import enum
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -30,11 +33,13 @@ from .errors import (
     RedisCommandError,
 )
 from .events import Event, EventHub
+from .mux import Endpoint, MuxClient, ReplyTimeoutError
 from .notifier import Notifier
 from .settings import BusSettings, mask_url
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+C = TypeVar("C")
 
 CONNECTION_ERRORS = (rex.ConnectionError, rex.TimeoutError, OSError)
 
@@ -81,7 +86,8 @@ def shard_identity(url: str) -> str:
 
 
 class Shard:
-    """A Redis deployment: its connection pool, health monitor and notifier."""
+    """A Redis deployment: its connection pool, hot-path connection, health monitor and
+    notifier."""
 
     def __init__(self, url: str, settings: BusSettings, events: EventHub[Event]) -> None:
         self.url = url
@@ -105,7 +111,19 @@ class Shard:
         # Stream reads are decoded by busmq (message.decode_raw), not redis-py's callbacks.
         for command in ("XREAD", "XREADGROUP"):
             self.client.set_response_callback(command, _raw_reply)
-        self.notifier = Notifier(self.client, settings.reconnect_backoff_max)
+        endpoint = Endpoint.from_pool(pool, self.label)
+        # Push, read and ack share one auto-pipelined connection (see busmq.mux).
+        self.mux = MuxClient(
+            endpoint,
+            reply_timeout=settings.operation_timeout,
+            connect_timeout=settings.operation_timeout,
+        )
+        self.notifier = Notifier(
+            endpoint,
+            connect_timeout=settings.operation_timeout,
+            retry_max=settings.reconnect_backoff_max,
+            tick=settings.block_seconds,
+        )
         self.state = ShardState.CONNECTING
         self._online = asyncio.Event()
         self._wake_monitor = asyncio.Event()
@@ -130,6 +148,7 @@ class Shard:
             self._monitor.cancel()
             await asyncio.gather(self._monitor, return_exceptions=True)
         await self.notifier.close()
+        await self.mux.aclose()
         await self.client.aclose()
         await self.client.connection_pool.disconnect()
 
@@ -202,7 +221,7 @@ class Shard:
         idempotent: bool,
         timeout: float | None = None,
     ) -> T:
-        """Run ``call(client)`` within the operation timeout, translating errors.
+        """Run ``call(client)`` (redis-py) within the operation timeout, translating errors.
 
         While the shard is offline the call waits for it to come back (within the
         timeout) before it is sent. A call that fails on the connection is retried only
@@ -210,22 +229,47 @@ class Shard:
         since the command may have been applied.
         """
         budget = self._settings.operation_timeout if timeout is None else timeout
+        return await self._bounded(call, self.client, idempotent, budget)
+
+    async def run_fast(self, call: Callable[[MuxClient], Awaitable[T]], *, idempotent: bool) -> T:
+        """:meth:`run` for the hot paths, on the shard's auto-pipelined connection.
+
+        Same contract (operation timeout, errors, retries). The common case (shard
+        online, connection up) takes no timer of its own: the connection drops itself
+        when a reply is overdue, failing the call with a timeout.
+        """
+        budget = self._settings.operation_timeout
+        mux = self.mux
+        if self.state is ShardState.ONLINE and mux.connected:
+            started = time.monotonic()
+            try:
+                return await call(mux)
+            except rex.ResponseError as exc:
+                raise RedisCommandError(str(exc)) from exc
+            except ReplyTimeoutError:
+                raise self._timed_out(budget) from None
+            except CONNECTION_ERRORS as exc:
+                self.report_failure(exc)
+                if not idempotent:
+                    raise BusUnavailableError(f"redis unreachable: {exc}", self.label) from exc
+            budget = max(0.0, budget - (time.monotonic() - started))
+        return await self._bounded(call, mux, idempotent, budget)
+
+    async def _bounded(
+        self, call: Callable[[C], Awaitable[T]], client: C, idempotent: bool, budget: float
+    ) -> T:
         try:
             async with asyncio.timeout(budget):
-                return await self._run(call, self.client, idempotent)
+                return await self._run(call, client, idempotent)
         except TimeoutError:
-            if self.state is ShardState.OFFLINE:
-                raise BusUnavailableError(
-                    f"redis unreachable (waited {budget:.1f}s)", self.label
-                ) from None
-            raise BusTimeoutError(f"operation timed out after {budget:.1f}s", self.label) from None
+            raise self._timed_out(budget) from None
 
-    async def _run(
-        self,
-        call: Callable[[aioredis.Redis], Awaitable[T]],
-        client: aioredis.Redis,
-        idempotent: bool,
-    ) -> T:
+    def _timed_out(self, budget: float) -> BusUnavailableError:
+        if self.state is ShardState.OFFLINE:
+            return BusUnavailableError(f"redis unreachable (waited {budget:.1f}s)", self.label)
+        return BusTimeoutError(f"operation timed out after {budget:.1f}s", self.label)
+
+    async def _run(self, call: Callable[[C], Awaitable[T]], client: C, idempotent: bool) -> T:
         backoff = 0.02
         while True:
             if self.state is ShardState.CLOSED:
@@ -236,6 +280,8 @@ class Shard:
                 return await call(client)
             except rex.ResponseError as exc:
                 raise RedisCommandError(str(exc)) from exc
+            except ReplyTimeoutError:
+                raise TimeoutError from None  # as if the operation timeout ran out
             except CONNECTION_ERRORS as exc:
                 self.report_failure(exc)
                 if not idempotent:

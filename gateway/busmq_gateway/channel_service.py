@@ -18,7 +18,7 @@ from busmq.v1 import channel_service_pb2_grpc as pb_grpc
 from busmq.v1 import types_pb2
 
 from .config import GatewaySettings
-from .convert import consume_mode, delivery_to_proto, optional_seconds, outgoing_batch
+from .convert import consume_mode, delivery_fields, optional_seconds, outgoing_batch
 from .errors import NotFound, RequestError, classify, rpc_errors, to_status, unary
 from .streaming import Beat, StreamCount, now, paced
 
@@ -100,7 +100,7 @@ class ChannelService(pb_grpc.ChannelServiceServicer):
                 yield _state("draining", channel.name, {})
                 return
             elif isinstance(item, Delivery):
-                yield pb.ConnectChannelResponse(delivery=delivery_to_proto(item))
+                yield pb.ConnectChannelResponse(delivery=delivery_fields(item))
             elif isinstance(item, Event):
                 yield _state(item.kind, channel.name, _event_details(item))
 

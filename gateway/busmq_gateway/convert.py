@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from google.protobuf import duration_pb2, timestamp_pb2
+from google.protobuf import duration_pb2
 
 from busmq import MessageTooLargeError, Mode
 from busmq.federation.convert import value_to_payload as value_to_payload
@@ -84,22 +84,36 @@ def payload_to_value(payload: bytes, kind: types_pb2.PayloadKind, field_name: st
     return outgoing_to_value(message, field_name)[0]
 
 
+def message_fields(message: Message, headers: dict[str, str] | None = None) -> dict[str, Any]:
+    """``message`` as the fields of a ``types_pb2.Message``, submessages as dicts.
+
+    For the delivery paths: protobuf turns nested dicts into messages in C, about 3x
+    cheaper than building each submessage (and copying it into its parent) in Python.
+    """
+    ms = message.timestamp_ms
+    fields: dict[str, Any] = {
+        "id": message.id,
+        "payload": message.payload,
+        "kind": KIND_TO_PROTO[message.kind],
+        "push_time": {"seconds": ms // 1000, "nanos": ms % 1000 * 1_000_000},
+    }
+    if headers is None and message.headers:
+        headers = dict(message.headers)
+    if headers:
+        fields["headers"] = headers
+    return fields
+
+
+def delivery_fields(delivery: Delivery) -> dict[str, Any]:
+    """``delivery`` as the fields of a ``types_pb2.Delivery`` (see :func:`message_fields`)."""
+    return {
+        "message": message_fields(delivery.message),
+        "delivery_count": delivery.delivery_count,
+    }
+
+
 def message_to_proto(message: Message, headers: dict[str, str] | None = None) -> types_pb2.Message:
-    push_time = timestamp_pb2.Timestamp()
-    push_time.FromMilliseconds(message.timestamp_ms)
-    return types_pb2.Message(
-        id=message.id,
-        payload=message.payload,
-        kind=KIND_TO_PROTO[message.kind],
-        headers=dict(message.headers) if headers is None else headers,
-        push_time=push_time,
-    )
-
-
-def delivery_to_proto(delivery: Delivery) -> types_pb2.Delivery:
-    return types_pb2.Delivery(
-        message=message_to_proto(delivery.message), delivery_count=delivery.delivery_count
-    )
+    return types_pb2.Message(**message_fields(message, headers))
 
 
 def json_fields(fields: dict[str, str]) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from busmq.v1 import types_pb2
 
 from .attachments import Attachments
 from .config import GatewaySettings
-from .convert import consume_mode, delivery_to_proto, duration, outgoing_batch, seconds
+from .convert import consume_mode, delivery_fields, duration, outgoing_batch, seconds
 from .errors import NotFound, RequestError, rpc_errors, to_status, unary
 from .streaming import Beat, paced
 
@@ -151,11 +151,11 @@ class QueueService(pb_grpc.QueueServiceServicer):
                 elif item is Beat.HEARTBEAT:
                     yield pb.ConsumeResponse(heartbeat=types_pb2.Heartbeat(time=_now()))
                 elif batch:
-                    deliveries = [delivery_to_proto(d) for d in item]
-                    yield pb.ConsumeResponse(batch=pb.DeliveryBatch(deliveries=deliveries))
+                    deliveries = [delivery_fields(d) for d in item]
+                    yield pb.ConsumeResponse(batch={"deliveries": deliveries})
                 else:
                     for delivery in item:
-                        yield pb.ConsumeResponse(delivery=delivery_to_proto(delivery))
+                        yield pb.ConsumeResponse(delivery=delivery_fields(delivery))
         except BusError as exc:
             await context.abort_with_status(to_status(exc))
 

@@ -77,6 +77,28 @@ async def test_stop_ends_iteration_after_what_was_already_fetched(bus: Bus) -> N
         assert got == list(range(len(got)))
 
 
+async def test_close_reports_every_read_ahead_message_it_drops(bus: Bus) -> None:
+    async with bus.queue("amo-close") as queue:
+        await queue.push_batch(list(range(100)))
+        dropped: list[int] = []
+        queue.events.on(
+            lambda e: dropped.append(e.details["count"]) if e.kind == "dropped" else None
+        )
+        consumer = queue.consume(Mode.AT_MOST_ONCE, prefetch=10)
+        async with consumer:
+            first = await consumer.__anext__()
+
+            # The reader is three batches in: the iterator's, one in the buffer, and
+            # one it holds until the buffer has room (the first two are deleted).
+            async def three_batches_read() -> bool:
+                return await queue.count() == 80
+
+            await eventually(three_batches_read, what="three batches read")
+        assert first.data == 0
+        # Everything removed from Redis was handed out or reported: nothing vanished.
+        assert 1 + sum(dropped) == 100 - await queue.count() == 30
+
+
 async def test_at_least_once_redelivers_unacked_messages_with_a_delivery_count(bus: Bus) -> None:
     async with bus.queue("alo-redeliver") as queue:
         await queue.push_batch(["a", "b", "c"])

@@ -8,9 +8,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import socket
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote, urlencode
 
 import redis.asyncio as aioredis
 
@@ -29,26 +33,72 @@ def redis_binary() -> str:
     return os.environ.get("BUSMQ_TEST_REDIS_SERVER") or find_redis_server()
 
 
+@dataclass(frozen=True)
+class Tls:
+    """PEM files for a TLS-only server; with ``client_ca`` clients must show a
+    certificate signed by it."""
+
+    cert: Path
+    key: Path
+    ca: Path
+    client_ca: bool = False
+
+
 class RedisServer:
     """``async with RedisServer(tmp_path) as server: server.url``; ``kill()`` and
-    ``start()`` again to simulate a crash and a restart on the same port and data."""
+    ``start()`` again to simulate a crash and a restart on the same port and data.
 
-    def __init__(self, directory: Path, *, appendonly: bool = True) -> None:
+    Options: ``password`` (``requirepass``, or the password of ``username``, an ACL
+    user with every right, the default user being switched off), ``unix_socket`` (a
+    unix socket only, no TCP port), ``tls`` (TLS only, on ``port``). ``url`` carries
+    what a client needs to reach and log in."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        appendonly: bool = True,
+        password: str | None = None,
+        username: str | None = None,
+        unix_socket: bool = False,
+        tls: Tls | None = None,
+    ) -> None:
+        if username is not None and password is None:
+            raise ValueError("an ACL user needs a password")
         self.directory = Path(directory)
         self.port = free_port()
         self.appendonly = appendonly
+        self.password = password
+        self.username = username
+        self.tls = tls
+        self._socket_dir: str | None = None
+        self.socket_path = self._socket_path() if unix_socket else ""
         self.process: asyncio.subprocess.Process | None = None
+
+    def _socket_path(self) -> str:
+        path = str(self.directory.resolve() / "redis.sock")
+        if len(path) <= 100:  # the limit of a unix socket path is 107 bytes
+            return path
+        self._socket_dir = tempfile.mkdtemp(prefix="busmq-test-")
+        return os.path.join(self._socket_dir, "redis.sock")
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}"
+        login = ""
+        if self.password is not None:
+            login = f"{quote(self.username or '', safe='')}:{quote(self.password, safe='')}@"
+        if self.socket_path:
+            return f"unix://{login}{self.socket_path}"
+        if self.tls is None:
+            return f"redis://{login}127.0.0.1:{self.port}"
+        query = {"ssl_ca_certs": str(self.tls.ca)}
+        if self.tls.client_ca:
+            query |= {"ssl_certfile": str(self.tls.cert), "ssl_keyfile": str(self.tls.key)}
+        return f"rediss://{login}127.0.0.1:{self.port}?{urlencode(query)}"
 
-    async def start(self, timeout: float = 10.0) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
+    def _arguments(self) -> list[str]:
         args = [
             redis_binary(),
-            "--bind", "127.0.0.1",
-            "--port", str(self.port),
             "--dir", str(self.directory),
             "--save", "",
             "--appendonly", "yes" if self.appendonly else "no",
@@ -56,14 +106,36 @@ class RedisServer:
             "--daemonize", "no",
             "--logfile", str(self.directory / "redis.log"),
         ]  # fmt: skip
+        if self.socket_path:
+            args += ["--port", "0", "--unixsocket", self.socket_path, "--unixsocketperm", "700"]
+        elif self.tls is not None:
+            args += ["--bind", "127.0.0.1", "--port", "0", "--tls-port", str(self.port)]
+            args += ["--tls-cert-file", str(self.tls.cert), "--tls-key-file", str(self.tls.key)]
+            args += ["--tls-ca-cert-file", str(self.tls.ca)]
+            args += ["--tls-auth-clients", "yes" if self.tls.client_ca else "no"]
+        else:
+            args += ["--bind", "127.0.0.1", "--port", str(self.port)]
+        if self.username is not None:
+            args += ["--user", "default", "off"]
+            args += ["--user", self.username, "on", f">{self.password}", "~*", "&*", "+@all"]
+        elif self.password is not None:
+            args += ["--requirepass", self.password]
+        return args
+
+    async def start(self, timeout: float = 10.0) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        if self._socket_dir is not None:
+            os.makedirs(self._socket_dir, exist_ok=True)
         self.process = await asyncio.create_subprocess_exec(
-            *args, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
+            *self._arguments(),
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
         )
         await self._wait_ready(timeout)
 
     async def _wait_ready(self, timeout: float) -> None:
         assert self.process is not None
-        client = aioredis.Redis(host="127.0.0.1", port=self.port)
+        client = self.client()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         try:
@@ -82,8 +154,12 @@ class RedisServer:
 
     def kill(self) -> None:
         """SIGKILL: the server dies without any chance to clean up."""
+        self.signal(signal.SIGKILL)
+
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` to the server (SIGSTOP / SIGCONT: a server that stops answering)."""
         if self.process is not None and self.process.returncode is None:
-            os.kill(self.process.pid, signal.SIGKILL)
+            os.kill(self.process.pid, sig)
 
     async def wait_exit(self) -> None:
         if self.process is not None:
@@ -100,9 +176,14 @@ class RedisServer:
                 self.process.kill()
                 await self.process.wait()
         self.process = None
+        if self._socket_dir is not None:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
 
-    def client(self) -> aioredis.Redis:
-        return aioredis.Redis(host="127.0.0.1", port=self.port)
+    def client(self, db: int = 0) -> aioredis.Redis:
+        """A redis-py client of the server (logged in, on database ``db``)."""
+        url = self.url + ("&" if "?" in self.url else "?") + f"db={db}"
+        client: aioredis.Redis = aioredis.Redis.from_url(url)
+        return client
 
     async def __aenter__(self) -> RedisServer:
         await self.start()

@@ -9,23 +9,23 @@ from typing import Any
 
 from google.protobuf import duration_pb2
 
-from ..message import Delivery, EncodedMessage, Message, PayloadKind, encode
+from ..message import NO_HEADERS, Delivery, EncodedMessage, Message, PayloadKind, encode
 from ..v1 import types_pb2
 from ..wire import KIND_FROM_PROTO, KIND_TO_PROTO
 
 Settle = Callable[[int, bool], Awaitable[None]]
 
 
-def outgoing(messages: Sequence[EncodedMessage]) -> list[types_pb2.OutgoingMessage]:
-    """Encoded core messages as ``OutgoingMessage`` (payload bytes are not re-encoded)."""
+def outgoing(messages: Sequence[EncodedMessage]) -> list[dict[str, Any]]:
+    """Encoded core messages as the fields of ``OutgoingMessage`` (payload bytes are not
+    re-encoded). Dicts, because protobuf builds the messages from them in C, about 4x
+    cheaper than building each in Python."""
     result = []
     for message in messages:
-        headers = json.loads(message.headers) if message.headers else {}
-        result.append(
-            types_pb2.OutgoingMessage(
-                payload=message.payload, kind=KIND_TO_PROTO[message.kind], headers=headers
-            )
-        )
+        fields: dict[str, Any] = {"payload": message.payload, "kind": KIND_TO_PROTO[message.kind]}
+        if message.headers:
+            fields["headers"] = json.loads(message.headers)
+        result.append(fields)
     return result
 
 
@@ -36,12 +36,14 @@ def delivery(proto: types_pb2.Delivery, settle: Settle | None) -> Delivery:
 
 def message_from_proto(proto: types_pb2.Message) -> Message:
     """A core :class:`~busmq.Message` from a received one."""
+    push_time = proto.push_time
+    headers = proto.headers
     return Message(
-        id=proto.id,
-        payload=proto.payload,
-        kind=KIND_FROM_PROTO.get(proto.kind, PayloadKind.BYTES),
-        headers=dict(proto.headers),
-        timestamp_ms=proto.push_time.ToMilliseconds(),
+        proto.id,
+        proto.payload,
+        KIND_FROM_PROTO.get(proto.kind, PayloadKind.BYTES),
+        dict(headers) if headers else NO_HEADERS,
+        push_time.seconds * 1000 + push_time.nanos // 1_000_000,
     )
 
 

@@ -252,7 +252,7 @@ class FederatedService:
                 f"headers starting with {RESERVED_HEADER_PREFIX!r} are reserved"
             )
         encoded = encode(payload, headers, self._manager.bus.settings.max_message_bytes)
-        return outgoing([encoded])[0]
+        return types_pb2.OutgoingMessage(**outgoing([encoded])[0])
 
     async def _ready(self) -> None:
         """Fail fast unless the link is usable (waiting only for a new link's first probe)."""
