@@ -324,6 +324,8 @@ class Consumer:
                     if self.mode is Mode.AT_LEAST_ONCE and loop.time() >= next_claim:
                         next_claim = loop.time() + self._claim_interval
                         batch = await self._claim(count)
+                        if len(batch) == count:
+                            next_claim = 0.0  # more may be overdue: claim again at once
                     if not batch:
                         batch = await self._read_batch(count)
                 except BusUnavailableError as exc:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -17,6 +19,7 @@ from busmq import (
     UnknownMessageError,
 )
 from busmq.consumer import Consumer
+from tests.support.redis_server import RedisServer
 from tests.support.waiting import eventually
 
 
@@ -184,6 +187,27 @@ async def test_closing_an_at_least_once_consumer_releases_its_read_ahead(bus: Bu
         async with queue.consume(Mode.AT_LEAST_ONCE, visibility_timeout=60) as other:
             rest = await _take(other, 9)
             assert sorted(d.data for d in rest) == list(range(1, 10))
+
+
+async def test_a_backlog_of_released_deliveries_is_claimed_batch_after_batch(
+    redis_server: RedisServer, make_bus: Callable[..., Any]
+) -> None:
+    # Claims run every min(visibility_timeout / 2, block_seconds): 30 s here. A claim
+    # that comes back full means more are overdue, so the next one follows at once
+    # instead of 30 s later: 100 released deliveries come back 10 by 10 without a pause.
+    bus = await make_bus([redis_server.url], block_seconds=30.0)
+    async with bus.queue("alo-backlog") as queue:
+        await queue.push_batch(list(range(100)))
+        greedy = queue.consume(Mode.AT_LEAST_ONCE, prefetch=100, visibility_timeout=3600)
+        async with greedy:
+            taken = await _take(greedy, 100)
+            await greedy.nack([d.id for d in taken])
+        async with queue.consume(Mode.AT_LEAST_ONCE, prefetch=10, visibility_timeout=3600) as c:
+            again = await asyncio.wait_for(_take(c, 100), timeout=10)
+            assert sorted(d.data for d in again) == list(range(100))
+            assert {d.delivery_count for d in again} == {2}
+            await c.ack([d.id for d in again])
+        assert await queue.count() == 0
 
 
 async def test_run_acks_on_success_and_redelivers_on_failure(bus: Bus) -> None:
