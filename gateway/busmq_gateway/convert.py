@@ -69,6 +69,18 @@ def outgoing_batch(
     return encoded
 
 
+def check_push_many(pushes: Sequence[Any]) -> None:
+    """Bound a ``PushMany`` as one push is bounded: 1 to ``MAX_BATCH`` pushes holding at
+    most ``MAX_BATCH`` messages in all (its size in bytes is bounded by gRPC's
+    ``max_receive_message_length``, the gateway's ``max_message_bytes``)."""
+    if not pushes:
+        raise RequestError("pushes must not be empty")
+    if len(pushes) > MAX_BATCH:
+        raise RequestError(f"at most {MAX_BATCH} pushes per call")
+    if sum(len(push.messages) for push in pushes) > MAX_BATCH:
+        raise RequestError(f"at most {MAX_BATCH} messages per call")
+
+
 def outgoing_to_value(
     message: types_pb2.OutgoingMessage, field_name: str
 ) -> tuple[Payload, dict[str, str]]:

@@ -23,6 +23,7 @@ federation client first of all) rebuilds the exception without parsing the messa
     CHANNEL_*           channel
     HANDLER_FAILED      service, error_type, detail (the handler's message)
     REQUEST_TIMEOUT     service, correlation_id, timeout
+    NOT_ATTEMPTED       queue (a push of a PushMany skipped after an earlier failure)
 """
 
 from __future__ import annotations
@@ -137,14 +138,31 @@ def error_metadata(exc: BaseException) -> dict[str, str]:
     return {}
 
 
-def to_status(exc: BaseException, metadata: dict[str, str] | None = None) -> grpc.Status:
+def error_status(exc: BaseException, metadata: dict[str, str] | None = None) -> status_pb2.Status:
+    """The ``google.rpc.Status`` of an error: mapped code, safe message, ``ErrorInfo``."""
     code, reason, message = classify(exc)
     details = {**error_metadata(exc), **(metadata or {})}
     info = error_details_pb2.ErrorInfo(reason=reason, domain=DOMAIN, metadata=details)
     detail = any_pb2.Any()
     detail.Pack(info)
-    status = status_pb2.Status(code=getattr(code_pb2, code.name), message=message, details=[detail])
-    return rpc_status.to_status(status)
+    return status_pb2.Status(code=getattr(code_pb2, code.name), message=message, details=[detail])
+
+
+def to_status(exc: BaseException, metadata: dict[str, str] | None = None) -> grpc.Status:
+    """:func:`error_status` as the status a call ends with."""
+    return rpc_status.to_status(error_status(exc, metadata))
+
+
+def failure_status(exc: Exception, method: str) -> status_pb2.Status:
+    """The status that ``method`` reports for ``exc``, logged: a refusal briefly, an
+    unexpected failure with its traceback (and only "internal error" for the client).
+    Shared by whole calls (:func:`rpc_errors`) and by the pushes of a ``PushMany``."""
+    code, reason, _ = classify(exc)
+    if code is grpc.StatusCode.INTERNAL:
+        log.error("%s failed", method, exc_info=exc)
+    else:
+        log.info("%s refused: %s %s", method, code.name, reason)
+    return error_status(exc)
 
 
 @asynccontextmanager
@@ -152,16 +170,8 @@ async def rpc_errors(context: grpc.aio.ServicerContext, method: str) -> AsyncIte
     """Abort the call with the mapped status if the body raises."""
     try:
         yield
-    except (core.BusError, ValueError, RequestError) as exc:
-        code, reason, _ = classify(exc)
-        if code is grpc.StatusCode.INTERNAL:
-            log.exception("%s failed", method)
-        else:
-            log.info("%s refused: %s %s", method, code.name, reason)
-        await context.abort_with_status(to_status(exc))
-    except Exception:
-        log.exception("%s failed", method)
-        await context.abort_with_status(to_status(RuntimeError()))
+    except Exception as exc:
+        await context.abort_with_status(rpc_status.to_status(failure_status(exc, method)))
 
 
 def unary(

@@ -13,7 +13,7 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from busmq import errors as core_errors
-from busmq.federation.errors import from_rpc_error
+from busmq.federation.errors import from_rpc_error, from_status
 from busmq.v1 import queue_service_pb2 as pb
 from busmq.v1 import types_pb2
 from busmq_gateway.errors import MAX_METADATA_IDS, error_metadata, to_status
@@ -469,3 +469,137 @@ async def test_attach_can_set_keep_and_remove_a_backlog_limit(gateway: GatewayUn
     assert info.count == 6
     await attach(gateway, "limited", max_backlog=6)  # and a limit can be set again
     assert error_reason(await refused(push("full again"))) == "QUEUE_FULL"
+
+
+# -- PushMany ------------------------------------------------------------------------
+
+
+async def push_many(gw: GatewayUnderTest, *pushes: pb.PushRequest) -> list[pb.PushOutcome]:
+    response = await gw.queues.PushMany(pb.PushManyRequest(pushes=pushes), metadata=AUTH)
+    return list(response.outcomes)
+
+
+async def test_push_many_stores_every_push_in_order_per_queue_and_dedupes_request_ids(
+    gateway: GatewayUnderTest,
+) -> None:
+    await attach(gateway, "left")
+    await attach(gateway, "right")
+    outcomes = await push_many(
+        gateway,
+        pb.PushRequest(queue="left", messages=[text("l1"), text("l2")]),
+        pb.PushRequest(queue="right", messages=[text("r1")], request_id="once"),
+        pb.PushRequest(queue="left", messages=[text("l3")], request_id="first"),
+        pb.PushRequest(queue="right", messages=[text("r2")]),
+        pb.PushRequest(queue="left", messages=[text("l3")], request_id="first"),  # a retry
+        pb.PushRequest(queue="left", messages=[text("l4")]),
+    )
+    assert [o.WhichOneof("outcome") for o in outcomes] == ["result"] * 6
+    results = [(list(o.result.ids), o.result.duplicate) for o in outcomes]
+    assert results == [
+        ([1, 2], False),
+        ([1], False),
+        ([3], False),
+        ([2], False),
+        ([3], True),  # the same request_id in the same call: stored once
+        ([4], False),
+    ]
+    # A later call retrying a push it may have lost gets the original ids back.
+    again = await push_many(
+        gateway, pb.PushRequest(queue="right", messages=[text("r1")], request_id="once")
+    )
+    assert (list(again[0].result.ids), again[0].result.duplicate) == ([1], True)
+    _, left = await collect(gateway, pb.ConsumeRequest(queue="left", max=4), 4)
+    _, right = await collect(gateway, pb.ConsumeRequest(queue="right", max=2), 2)
+    assert [d.message.payload for d in left] == [b"l1", b"l2", b"l3", b"l4"]
+    assert [d.message.payload for d in right] == [b"r1", b"r2"]
+
+
+async def test_a_failed_push_of_a_push_many_gets_the_status_push_would_end_with(
+    gateway: GatewayUnderTest,
+) -> None:
+    await attach(gateway, "present")
+    large = types_pb2.OutgoingMessage(payload=b"x" * 70_000)
+    failing = [
+        pb.PushRequest(queue="absent", messages=[text("x")]),
+        pb.PushRequest(queue="present", messages=[large]),
+        pb.PushRequest(queue="bad name", messages=[text("x")]),
+        pb.PushRequest(queue="present", messages=[]),
+    ]
+    ok = pb.PushRequest(queue="present", messages=[text("kept")])
+    outcomes = await push_many(gateway, ok, *failing, ok)
+    kinds = [o.WhichOneof("outcome") for o in outcomes]
+    assert kinds == ["result", "error", "error", "error", "error", "result"]
+    assert [list(o.result.ids) for o in (outcomes[0], outcomes[-1])] == [[1], [2]]
+    for request, outcome in zip(failing, outcomes[1:-1], strict=True):
+        alone = await refused(gateway.queues.Push(request, metadata=AUTH))
+        sent = status_pb2.Status.FromString(dict(alone.trailing_metadata())[DETAILS_KEY])
+        assert outcome.error == sent, request.queue  # code, message and ErrorInfo
+        # ... so a federated client rebuilds the same exception from either.
+        via_many = from_status(outcome.error, queue=request.queue, target="http://a:1")
+        via_push = from_rpc_error(alone, queue=request.queue, target="http://a:1")
+        assert (type(via_many), vars(via_many)) == (type(via_push), vars(via_push))
+    info = await gateway.queues.GetQueue(pb.GetQueueRequest(queue="present"), metadata=AUTH)
+    assert info.count == 2
+
+
+@pytest.mark.parametrize(
+    ("pushes", "code"),
+    [
+        ([], "INVALID_ARGUMENT"),
+        ([pb.PushRequest(queue="bounded", messages=[text("x")])] * 10_001, "INVALID_ARGUMENT"),
+        (
+            [pb.PushRequest(queue="bounded", messages=[text("x")] * 5_000)] * 2
+            + [pb.PushRequest(queue="bounded", messages=[text("one too many")])],
+            "INVALID_ARGUMENT",
+        ),
+        (  # over the gateway's max_message_bytes (8 MiB) in all, each message within limits
+            [pb.PushRequest(queue="bounded", messages=[text("x" * 60_000)])] * 150,
+            "RESOURCE_EXHAUSTED",
+        ),
+    ],
+    ids=["empty", "too many pushes", "too many messages", "too many bytes"],
+)
+async def test_an_oversized_push_many_is_refused_as_a_whole(
+    gateway: GatewayUnderTest, pushes: list[pb.PushRequest], code: str
+) -> None:
+    await attach(gateway, "bounded")
+    error = await refused(push_many(gateway, *pushes))
+    assert error.code().name == code
+    info = await gateway.queues.GetQueue(pb.GetQueueRequest(queue="bounded"), metadata=AUTH)
+    assert info.last_id == 0  # nothing was stored
+
+
+async def test_push_many_can_stop_a_queue_at_its_first_failure_for_ordered_senders(
+    gateway: GatewayUnderTest,
+) -> None:
+    await attach(gateway, "capped", max_backlog=1)
+    await attach(gateway, "other")
+    pushes = [
+        pb.PushRequest(queue="capped", messages=[text("a")]),
+        pb.PushRequest(queue="capped", messages=[text("b")]),  # full
+        pb.PushRequest(queue="other", messages=[text("x")]),
+        pb.PushRequest(queue="capped", messages=[text("c")]),
+    ]
+    response = await gateway.queues.PushMany(
+        pb.PushManyRequest(pushes=pushes, stop_queue_at_failure=True), metadata=AUTH
+    )
+    first, full, other, skipped = response.outcomes
+    assert list(first.result.ids) == [1] and list(other.result.ids) == [1]
+    reasons = []
+    for outcome in (full, skipped):
+        info = error_details_pb2.ErrorInfo()
+        outcome.error.details[0].Unpack(info)
+        reasons.append((outcome.error.code, info.reason, dict(info.metadata)))
+    assert reasons == [
+        (
+            grpc.StatusCode.RESOURCE_EXHAUSTED.value[0],
+            "QUEUE_FULL",
+            {"queue": "capped", "max_backlog": "1"},
+        ),
+        (grpc.StatusCode.ABORTED.value[0], "NOT_ATTEMPTED", {"queue": "capped"}),
+    ]
+    # Without it, every push is attempted (and the third is refused on its own).
+    again = await push_many(gateway, *pushes)
+    assert [o.error.code for o in again if o.HasField("error")] == [
+        grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+    ] * 3

@@ -35,7 +35,7 @@ Federation adds two classes to the hierarchy (both under :class:`BusError`):
 from __future__ import annotations
 
 import grpc
-from google.rpc import error_details_pb2
+from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from ..errors import (
@@ -123,6 +123,12 @@ def error_info(error: grpc.aio.AioRpcError) -> tuple[str, dict[str, str]]:
         return "", {}
     if status is None:
         return "", {}
+    return status_info(status)
+
+
+def status_info(status: status_pb2.Status) -> tuple[str, dict[str, str]]:
+    """The ``google.rpc.ErrorInfo`` reason and metadata of a status (``("", {})`` if it
+    carries none)."""
     for detail in status.details:
         if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
             info = error_details_pb2.ErrorInfo()
@@ -143,11 +149,37 @@ def _ids(metadata: dict[str, str]) -> list[int]:
     return [int(i) for i in metadata.get("ids", "").split(",") if i.strip().isdigit()]
 
 
+def status_code(status: status_pb2.Status) -> grpc.StatusCode:
+    """The gRPC code of a ``google.rpc.Status`` (``UNKNOWN`` for a code gRPC lacks)."""
+    return _CODES.get(status.code, grpc.StatusCode.UNKNOWN)
+
+
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
 def from_rpc_error(error: grpc.aio.AioRpcError, *, queue: str, target: str) -> BusError:
     """The busmq exception for a failed call on ``queue`` through ``target``."""
-    code = error.code()
-    message = error.details() or ""
     reason, metadata = error_info(error)
+    return _from_failure(error.code(), error.details() or "", reason, metadata, queue, target)
+
+
+def from_status(status: status_pb2.Status, *, queue: str, target: str) -> BusError:
+    """The busmq exception for a failed push of a ``PushMany`` (its ``google.rpc.Status``
+    is what the call of a single ``Push`` would have ended with)."""
+    reason, metadata = status_info(status)
+    return _from_failure(status_code(status), status.message, reason, metadata, queue, target)
+
+
+def _from_failure(
+    code: grpc.StatusCode,
+    message: str,
+    reason: str,
+    metadata: dict[str, str],
+    queue: str,
+    target: str,
+) -> BusError:
+    """The busmq exception for a status code, message and ``ErrorInfo`` (see the module
+    docstring for the table)."""
     queue = metadata.get("queue") or queue
     if code is grpc.StatusCode.NOT_FOUND and reason in ("QUEUE_NOT_FOUND", ""):
         return QueueNotFoundError(queue)

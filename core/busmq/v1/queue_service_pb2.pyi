@@ -2,6 +2,7 @@ import datetime
 
 from busmq.v1 import types_pb2 as _types_pb2
 from google.protobuf import duration_pb2 as _duration_pb2
+from google.rpc import status_pb2 as _status_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -73,6 +74,28 @@ class PushResponse(_message.Message):
     ids: _containers.RepeatedScalarFieldContainer[int]
     duplicate: bool
     def __init__(self, ids: _Optional[_Iterable[int]] = ..., duplicate: _Optional[bool] = ...) -> None: ...
+
+class PushManyRequest(_message.Message):
+    __slots__ = ("pushes", "stop_queue_at_failure")
+    PUSHES_FIELD_NUMBER: _ClassVar[int]
+    STOP_QUEUE_AT_FAILURE_FIELD_NUMBER: _ClassVar[int]
+    pushes: _containers.RepeatedCompositeFieldContainer[PushRequest]
+    stop_queue_at_failure: bool
+    def __init__(self, pushes: _Optional[_Iterable[_Union[PushRequest, _Mapping]]] = ..., stop_queue_at_failure: _Optional[bool] = ...) -> None: ...
+
+class PushManyResponse(_message.Message):
+    __slots__ = ("outcomes",)
+    OUTCOMES_FIELD_NUMBER: _ClassVar[int]
+    outcomes: _containers.RepeatedCompositeFieldContainer[PushOutcome]
+    def __init__(self, outcomes: _Optional[_Iterable[_Union[PushOutcome, _Mapping]]] = ...) -> None: ...
+
+class PushOutcome(_message.Message):
+    __slots__ = ("result", "error")
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    result: PushResponse
+    error: _status_pb2.Status
+    def __init__(self, result: _Optional[_Union[PushResponse, _Mapping]] = ..., error: _Optional[_Union[_status_pb2.Status, _Mapping]] = ...) -> None: ...
 
 class ConsumeRequest(_message.Message):
     __slots__ = ("queue", "mode", "from_id", "from_latest", "max", "prefetch", "visibility_timeout", "batch")

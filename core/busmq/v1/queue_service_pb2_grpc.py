@@ -59,6 +59,11 @@ class QueueServiceStub:
                 request_serializer=busmq_dot_v1_dot_queue__service__pb2.PushRequest.SerializeToString,
                 response_deserializer=busmq_dot_v1_dot_queue__service__pb2.PushResponse.FromString,
                 _registered_method=True)
+        self.PushMany = channel.unary_unary(
+                '/busmq.v1.QueueService/PushMany',
+                request_serializer=busmq_dot_v1_dot_queue__service__pb2.PushManyRequest.SerializeToString,
+                response_deserializer=busmq_dot_v1_dot_queue__service__pb2.PushManyResponse.FromString,
+                _registered_method=True)
         self.Consume = channel.unary_stream(
                 '/busmq.v1.QueueService/Consume',
                 request_serializer=busmq_dot_v1_dot_queue__service__pb2.ConsumeRequest.SerializeToString,
@@ -127,6 +132,15 @@ class QueueServiceServicer:
 
     def Push(self, request, context):
         """Pushes messages atomically, in order; returns their ids.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PushMany(self, request, context):
+        """Several independent pushes in one call, each exactly as Push would store it (its own
+        request_id, ids and error): pushes to one queue one after the other in request order,
+        pushes to different queues concurrently. A push that fails does not fail the others.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -204,6 +218,11 @@ def add_QueueServiceServicer_to_server(servicer, server):
                     servicer.Push,
                     request_deserializer=busmq_dot_v1_dot_queue__service__pb2.PushRequest.FromString,
                     response_serializer=busmq_dot_v1_dot_queue__service__pb2.PushResponse.SerializeToString,
+            ),
+            'PushMany': grpc.unary_unary_rpc_method_handler(
+                    servicer.PushMany,
+                    request_deserializer=busmq_dot_v1_dot_queue__service__pb2.PushManyRequest.FromString,
+                    response_serializer=busmq_dot_v1_dot_queue__service__pb2.PushManyResponse.SerializeToString,
             ),
             'Consume': grpc.unary_stream_rpc_method_handler(
                     servicer.Consume,
@@ -354,6 +373,33 @@ class QueueService:
             '/busmq.v1.QueueService/Push',
             busmq_dot_v1_dot_queue__service__pb2.PushRequest.SerializeToString,
             busmq_dot_v1_dot_queue__service__pb2.PushResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PushMany(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/busmq.v1.QueueService/PushMany',
+            busmq_dot_v1_dot_queue__service__pb2.PushManyRequest.SerializeToString,
+            busmq_dot_v1_dot_queue__service__pb2.PushManyResponse.FromString,
             options,
             channel_credentials,
             insecure,
