@@ -7,6 +7,8 @@ DC-B: another ``redis-server`` and a bus that federates A's queues through the p
 
 from __future__ import annotations
 
+import asyncio
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +17,7 @@ from typing import Any
 import pytest
 
 from busmq import Bus
-from busmq.federation import FederationSettings, FederationTarget
+from busmq.federation import FederationSettings, FederationTarget, Link
 from tests.conftest import fast_settings
 from tests.support.gateway_process import GatewayProcess
 from tests.support.redis_server import RedisServer
@@ -99,3 +101,49 @@ async def make_b(tmp_path: Path, dc_a: DatacenterA) -> AsyncIterator[MakeB]:
 @pytest.fixture
 async def dc_b(make_b: MakeB) -> Bus:
     return await make_b()
+
+
+class CallCounter:
+    """Counts the calls made through a link's stubs, by method name (``Push``,
+    ``PushMany``, ...): installed with ``counter.install(link)``. While ``held`` is
+    cleared, push calls wait before they start (so that tests can keep calls under way)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls: Counter[str] = Counter()
+        self.held = asyncio.Event()
+        self.held.set()
+        self._monkeypatch = monkeypatch
+
+    def install(self, link: Link) -> None:
+        stub_of = link.stub
+
+        def counting_stub(kind: type[Any] | None = None) -> Any:
+            return _CountingStub(stub_of(kind), self)
+
+        self._monkeypatch.setattr(link, "stub", counting_stub)
+
+
+class _CountingStub:
+    def __init__(self, stub: Any, counter: CallCounter) -> None:
+        self._stub = stub
+        self._counter = counter
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._stub, name)
+        counter = self._counter
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            counter.calls[name] += 1
+            return method(*args, **kwargs)
+
+        async def held_call(*args: Any, **kwargs: Any) -> Any:
+            counter.calls[name] += 1
+            await counter.held.wait()
+            return await method(*args, **kwargs)
+
+        return held_call if name in ("Push", "PushMany") else call
+
+
+@pytest.fixture
+def call_counter(monkeypatch: pytest.MonkeyPatch) -> CallCounter:
+    return CallCounter(monkeypatch)

@@ -62,6 +62,7 @@ from ..v1 import queue_service_pb2 as pb
 from ..v1 import queue_service_pb2_grpc as pb_grpc
 from .backoff import Backoff
 from .errors import RETRYABLE, UNAUTHORIZED, FederationUnauthorizedError, from_rpc_error
+from .pushes import PushCoalescer
 from .settings import FederationSettings, FederationTarget, grpc_address
 
 log = logging.getLogger(__name__)
@@ -131,6 +132,8 @@ class Link:
         self._watchers: list[asyncio.Task[None]] = []
         # Pools left by a failover, closed after a grace period (see _retire).
         self._retiring: dict[asyncio.Task[None], list[grpc.aio.Channel]] = {}
+        self.pushes = PushCoalescer(self)
+        """The direct pushes of every federated queue of this link, coalesced."""
 
     def __repr__(self) -> str:
         via = f" via {self.current_url}" if self._current else ""
@@ -185,7 +188,11 @@ class Link:
     def report(self, error: grpc.aio.AioRpcError) -> None:
         """Called by users of the link when a call failed: a transport-level failure
         makes the link re-probe; a refusal of the credentials marks it unauthorized."""
-        code = error.code()
+        self.report_code(error.code())
+
+    def report_code(self, code: grpc.StatusCode) -> None:
+        """:meth:`report` for a failure known by its code alone (one push of a
+        ``PushMany``, which fails like a whole ``Push`` would)."""
         if code in UNAUTHORIZED:
             if self._state is not LinkState.UNAUTHORIZED:
                 self._set_state(LinkState.UNAUTHORIZED)
@@ -225,6 +232,7 @@ class Link:
         details = {"state": state.value, "previous": previous.value, "url": self.current_url}
         self.events.emit(Event("state", self.url, details=details))
         if state.usable and not previous.usable:
+            self.pushes.retry_push_many()
             self.events.emit(Event("ready", self.url))
 
     # -- channels -------------------------------------------------------------------
@@ -314,6 +322,7 @@ class Link:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self.pushes.close()
         self._set_state(LinkState.CLOSED)
         self._usable.set()  # wake waiters; they see CLOSED
         self._settled.set()

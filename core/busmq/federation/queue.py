@@ -50,8 +50,9 @@ from ..queue import PushResult, Retention
 from ..v1 import queue_service_pb2 as pb
 from .consumer import FederatedConsumer
 from .convert import duration, outgoing, seconds
-from .errors import AMBIGUOUS, error_reason, from_rpc_error
+from .errors import error_reason, from_rpc_error
 from .link import Link, LinkState
+from .pushes import AmbiguousPush
 
 if TYPE_CHECKING:
     from .manager import FederationManager
@@ -318,15 +319,10 @@ class FederatedQueue:
         link.require_authorized()
         if link.usable and not outbox.pending(self.target, self.name):
             try:
-                response = await link.stub().Push(
-                    request, metadata=link.metadata, timeout=link.operation_timeout
-                )
-            except grpc.aio.AioRpcError as exc:
-                link.report(exc)
-                if exc.code() not in AMBIGUOUS:
-                    raise self._error(exc) from None
-                # Maybe stored, maybe not: the outbox resends it with the same
-                # request_id, which the gateway stores once.
+                # Coalesced with the other pushes of the link while calls are under way.
+                response = await link.pushes.push(request)
+            except AmbiguousPush:
+                pass  # the outbox resends it with the same request_id: stored once
             else:
                 if not response.duplicate:
                     self.pushed += len(encoded)
