@@ -124,7 +124,9 @@ async def test_a_cut_during_coalesced_pushes_sends_them_to_the_outbox_losing_not
     await dc_a.proxy.restore()
     await producers
     await eventually(lambda: link.outbox_depth == 0, timeout=30, what="outbox drained")
-    assert call_counter.calls["PushMany"] > 0
+    calls = call_counter.calls
+    assert calls["PushMany"] > 0
+    assert calls["Push"] + calls["PushMany"] < 250, calls  # direct and forwarded alike
     direct = [p for p, i in results.items() if i is not None]
     assert direct and len(direct) < 1000  # some went direct, some through the outbox
     everything: list[bytes] = []
@@ -157,6 +159,29 @@ async def test_a_push_whose_caller_gives_up_while_it_waits_is_never_sent(
     assert call_counter.calls == {"Push": pushes.max_in_flight + 1}
     messages = await stored(dc_a.bus, "patient", pushes.max_in_flight + 1)
     assert b"given up" not in [p for _, p in messages]
+
+
+async def test_the_outbox_forwards_a_queue_in_push_many_calls_in_order_past_a_full_queue(
+    dc_a: DatacenterA, dc_b: Bus, call_counter: CallCounter
+) -> None:
+    await dc_a.bus.queue("capped").attach(ttl=120, max_backlog=3)
+    (remote,) = await federated(dc_a, dc_b, ["capped"])
+    call_counter.install(remote.link)
+    await dc_a.proxy.cut()
+    await eventually(lambda: not remote.link.usable, what="the cut noticed")
+    for i in range(6):
+        assert await remote.push(b"%d" % i) is None
+    await dc_a.proxy.restore()
+
+    async def room_used() -> bool:
+        return await dc_a.bus.queue("capped").count() == 3
+
+    await eventually(room_used, what="the first rows forwarded")
+    first = await stored(dc_a.bus, "capped", 3)  # makes room: the rest follows, in order
+    await eventually(lambda: remote.outbox_depth == 0, what="outbox drained")
+    messages = first + await stored(dc_a.bus, "capped", 3)
+    assert messages == [(i + 1, b"%d" % i) for i in range(6)]
+    assert call_counter.calls["PushMany"] >= 2 and call_counter.calls["Push"] == 0
 
 
 @pytest.fixture

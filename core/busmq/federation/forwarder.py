@@ -1,8 +1,11 @@
 """Forwards the outbox rows of one gateway, in order, whenever the link is usable.
 
-Each round reads the oldest rows of the target and sends them as ``Push`` calls with
-their stored ``request_id``: rows of one queue one after the other (so a queue's order
-is kept), different queues concurrently. Rows are deleted once stored. A retry after an
+Each round reads the oldest rows of the target and sends them with their stored
+``request_id``: the rows of one queue as one ``PushMany`` (within the bounds of a call)
+in which the gateway stores them one after the other and stops at the first it does not
+store (``stop_queue_at_failure``), so a queue's order is kept at one round trip per call
+rather than per row; different queues concurrently; one ``Push`` per row if the gateway
+lacks ``PushMany``. Rows are deleted once stored. A retry after an
 ambiguous failure (the call failed, but the gateway may have stored the push) is
 recognised by the gateway from the ``request_id`` within its dedupe window
 (``BusSettings.dedupe_seconds`` on the gateway, 600 s by default) and stored once.
@@ -27,13 +30,23 @@ import logging
 from collections.abc import Awaitable, Callable
 
 import grpc
+from google.rpc import status_pb2
 
 from ..events import Event
 from ..v1 import queue_service_pb2 as pb
 from .backoff import Backoff
-from .errors import RETRYABLE, UNAUTHORIZED, error_reason, from_rpc_error
+from .errors import (
+    RETRYABLE,
+    UNAUTHORIZED,
+    error_reason,
+    from_rpc_error,
+    from_status,
+    status_code,
+    status_info,
+)
 from .link import Link, LinkState
 from .outbox import Outbox, OutboxRow
+from .pushes import MAX_BYTES, MAX_MESSAGES, MAX_PUSHES
 
 log = logging.getLogger(__name__)
 
@@ -132,19 +145,61 @@ class Forwarder:
     async def _send_queue(
         self, rows: list[OutboxRow]
     ) -> tuple[list[tuple[OutboxRow, bool]], _Outcome]:
+        """The rows of one queue, in order: as few ``PushMany`` calls as the bounds of a
+        call allow (one ``Push`` per row if the gateway lacks it), stopping at the first
+        row that must wait (a dead row is moved aside and the next ones go on)."""
         stored: list[tuple[OutboxRow, bool]] = []
-        for row in rows:
-            outcome = await self._send(row)
-            if outcome in (_Outcome.STORED, _Outcome.DUPLICATE):
-                stored.append((row, outcome is _Outcome.STORED))
-            elif outcome is not _Outcome.DEAD:  # a dead row is moved aside: go on
-                return stored, outcome
+        index = 0
+        while index < len(rows):
+            outcomes = await self._send_rows(_chunk(rows, index, self.link.pushes.push_many))
+            for row, outcome in zip(rows[index:], outcomes, strict=False):
+                if outcome in (_Outcome.STORED, _Outcome.DUPLICATE):
+                    stored.append((row, outcome is _Outcome.STORED))
+                elif outcome is not _Outcome.DEAD:
+                    return stored, outcome
+            index += len(outcomes)
         return stored, _Outcome.STORED
+
+    async def _send_rows(self, rows: list[OutboxRow]) -> list[_Outcome]:
+        """Send rows of one queue; the outcomes of the first rows, in order, up to and
+        including the first that is not stored (the gateway did not attempt the rest)."""
+        link = self.link
+        if link.state is LinkState.CLOSED or not link.usable:
+            return [_Outcome.LINK_DOWN]
+        if len(rows) == 1:
+            return [await self._send(rows[0])]
+        request = pb.PushManyRequest(
+            pushes=[pb.PushRequest.FromString(row.messages) for row in rows],
+            stop_queue_at_failure=True,
+        )
+        try:
+            response = await link.stub().PushMany(
+                request, metadata=link.metadata, timeout=link.operation_timeout
+            )
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() is grpc.StatusCode.UNIMPLEMENTED:
+                link.pushes.lacks_push_many()
+                return [await self._send(rows[0])]
+            if exc.code() is grpc.StatusCode.RESOURCE_EXHAUSTED and error_reason(exc) == "":
+                return [await self._send(rows[0])]  # too large together for the gateway
+            return [await self._refused(rows[0], exc.code(), error_reason(exc), exc)]
+        outcomes: list[_Outcome] = []
+        for row, outcome in zip(rows, response.outcomes, strict=False):
+            if outcome.WhichOneof("outcome") == "result":
+                outcomes.append(_Outcome.DUPLICATE if outcome.result.duplicate else _Outcome.STORED)
+                continue
+            reason = status_info(outcome.error)[0]
+            if reason == "NOT_ATTEMPTED":
+                break
+            outcomes.append(
+                await self._refused(row, status_code(outcome.error), reason, outcome.error)
+            )
+            if outcomes[-1] is not _Outcome.DEAD:
+                break
+        return outcomes or [_Outcome.RETRY]
 
     async def _send(self, row: OutboxRow) -> _Outcome:
         link = self.link
-        if link.state is LinkState.CLOSED or not link.usable:
-            return _Outcome.LINK_DOWN
         try:
             response = await link.stub().Push(
                 pb.PushRequest.FromString(row.messages),
@@ -152,23 +207,50 @@ class Forwarder:
                 timeout=link.operation_timeout,
             )
         except grpc.aio.AioRpcError as exc:
-            return await self._refused(row, exc)
+            return await self._refused(row, exc.code(), error_reason(exc), exc)
         return _Outcome.DUPLICATE if response.duplicate else _Outcome.STORED
 
-    async def _refused(self, row: OutboxRow, exc: grpc.aio.AioRpcError) -> _Outcome:
-        code = exc.code()
+    async def _refused(
+        self,
+        row: OutboxRow,
+        code: grpc.StatusCode,
+        reason: str,
+        failure: grpc.aio.AioRpcError | status_pb2.Status,
+    ) -> _Outcome:
+        """What to do with a row the gateway did not store: the failure of its call,
+        or its status in a ``PushMany``."""
         if code in RETRYABLE or code in UNAUTHORIZED:
-            self.link.report(exc)
+            self.link.report_code(code)
             return _Outcome.LINK_DOWN
         if code is grpc.StatusCode.CANCELLED or (
-            code is grpc.StatusCode.RESOURCE_EXHAUSTED and error_reason(exc) == "QUEUE_FULL"
+            code is grpc.StatusCode.RESOURCE_EXHAUSTED and reason == "QUEUE_FULL"
         ):
             return _Outcome.RETRY
         if code is grpc.StatusCode.NOT_FOUND and await self._reattach(row.queue):
             return _Outcome.RETRY
-        error = from_rpc_error(exc, queue=row.queue, target=self.link.url)
+        target = self.link.url
+        if isinstance(failure, grpc.aio.AioRpcError):
+            error = from_rpc_error(failure, queue=row.queue, target=target)
+        else:
+            error = from_status(failure, queue=row.queue, target=target)
         log.error("outbox push #%d to %s refused for good: %s", row.seq, row.queue, error)
         await self.outbox.dead_letter(row, str(error))
         details = {"queue": row.queue, "seq": row.seq, "dead_letter": True}
         self.link.events.emit(Event("error", row.queue, error=error, details=details))
         return _Outcome.DEAD
+
+
+def _chunk(rows: list[OutboxRow], start: int, many: bool) -> list[OutboxRow]:
+    """The rows from ``start`` that fit in one call: one without ``PushMany``, else
+    within the bounds of the link's coalesced pushes."""
+    chunk = [rows[start]]
+    if not many:
+        return chunk
+    size, messages = len(rows[start].messages), rows[start].count
+    for row in rows[start + 1 :]:
+        size += len(row.messages)
+        messages += row.count
+        if len(chunk) >= MAX_PUSHES or size > MAX_BYTES or messages > MAX_MESSAGES:
+            break
+        chunk.append(row)
+    return chunk
