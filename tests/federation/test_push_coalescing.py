@@ -12,6 +12,7 @@ import pytest
 
 from busmq import Bus, Mode, QueueFullError, QueueNotFoundError
 from busmq.federation import FederatedQueue, FederationTarget
+from busmq.federation.pushes import FULL_MESSAGES
 from busmq.v1 import queue_service_pb2 as pb
 from busmq_gateway import Gateway, GatewaySettings
 from busmq_gateway.queue_service import QueueService
@@ -146,19 +147,32 @@ async def test_a_push_whose_caller_gives_up_while_it_waits_is_never_sent(
     (remote,) = await federated(dc_a, dc_b, ["patient"])
     pushes = remote.link.pushes
     call_counter.install(remote.link)
-    call_counter.held.clear()  # the first calls stay under way
-    under_way = [asyncio.create_task(remote.push(b"%d" % i)) for i in range(pushes.max_in_flight)]
+    call_counter.held.clear()  # the first call stays under way
+    under_way = asyncio.create_task(remote.push(b"under way"))
     given_up = asyncio.create_task(remote.push(b"given up"))
     await eventually(lambda: pushes.waiting == 1, what="a push waiting")
     given_up.cancel()
     await asyncio.gather(given_up, return_exceptions=True)
     call_counter.held.set()
-    assert sorted(await asyncio.gather(*under_way)) == list(range(1, pushes.max_in_flight + 1))
-    assert await remote.push(b"next") == pushes.max_in_flight + 1
+    assert await under_way == 1
+    assert await remote.push(b"next") == 2
     assert given_up.cancelled() and pushes.waiting == 0
-    assert call_counter.calls == {"Push": pushes.max_in_flight + 1}
-    messages = await stored(dc_a.bus, "patient", pushes.max_in_flight + 1)
-    assert b"given up" not in [p for _, p in messages]
+    assert call_counter.calls == {"Push": 2}
+    assert await stored(dc_a.bus, "patient", 2) == [(1, b"under way"), (2, b"next")]
+
+
+async def test_waiting_pushes_that_fill_a_call_go_while_another_is_under_way(
+    dc_a: DatacenterA, dc_b: Bus, call_counter: CallCounter
+) -> None:
+    (remote,) = await federated(dc_a, dc_b, ["batches"])
+    assert remote.link.pushes.max_in_flight >= 2
+    call_counter.install(remote.link)
+    call_counter.held.clear()
+    small = asyncio.create_task(remote.push(b"small"))  # under way, held
+    large = asyncio.create_task(remote.push_batch([b"%d" % i for i in range(FULL_MESSAGES)]))
+    await eventually(lambda: call_counter.calls["Push"] == 2, what="the full push sent")
+    call_counter.held.set()
+    assert sorted([await small, *(await large or [])]) == list(range(1, FULL_MESSAGES + 2))
 
 
 async def test_the_outbox_forwards_a_queue_in_push_many_calls_in_order_past_a_full_queue(

@@ -3,12 +3,16 @@
 A unary gRPC call costs a gateway about a millisecond of CPU whatever it carries
 (measured on a 2-core VM with a bare health ``Check``), so one gateway serves well under
 a thousand single-message ``Push`` calls a second. The federated queues of a link
-therefore push through one :class:`PushCoalescer`, Nagle-style but with no added delay:
-a push is sent at once, as a ``Push``, while fewer than ``max_in_flight`` calls are under
-way on the link; pushes made while that many are under way wait, and go together in one
-``PushMany`` as soon as a call ends (at most ``MAX_PUSHES`` pushes, about ``MAX_BYTES``).
-At a low rate nothing waits; at a high rate the calls a second stay near
-``max_in_flight`` per round trip and each carries more pushes.
+therefore push through one :class:`PushCoalescer`, Nagle-style with no added delay: a
+push made while no call of it is under way is sent at once, as a ``Push``; pushes made
+while one is wait, and go together in one ``PushMany`` as soon as it ends (at most
+``MAX_PUSHES`` pushes, ``MAX_MESSAGES`` messages, about ``MAX_BYTES``). As in Nagle's
+rule, a "full" call may go without waiting: once the waiting pushes hold ``FULL_MESSAGES``
+messages or ``FULL_BYTES``, they are sent while fewer than ``max_in_flight`` calls are
+under way, so producers of large batches keep the link busy. At a low rate nothing
+waits; at a high rate of small pushes there is about one call per round trip, each
+carrying every push made meanwhile (measured at 1,000 single pushes/s: ~300 calls/s,
+and lower latency and CPU than two small calls under way).
 
 Every push keeps its own outcome: the gateway stores each push of a ``PushMany`` as a
 ``Push`` (its own ``request_id`` dedupe; a queue's pushes in request order) and answers
@@ -48,7 +52,10 @@ log = logging.getLogger(__name__)
 MAX_PUSHES = 500  # pushes in one PushMany (the gateway accepts up to 10,000)
 MAX_MESSAGES = 10_000  # messages in one PushMany: the gateway's bound
 MAX_BYTES = 1024 * 1024  # a soft bound: one push alone may be larger
-CALLS_PER_CHANNEL = 1  # calls under way per channel of the pool before pushes wait
+# Waiting pushes worth a call of their own while another is under way.
+FULL_MESSAGES = 100
+FULL_BYTES = 64 * 1024
+CALLS_PER_CHANNEL = 1  # full calls under way per channel of the pool, at most
 
 
 class AmbiguousPush(Exception):
@@ -71,8 +78,8 @@ class PushCoalescer:
     """The direct pushes of one link (see the module docstring).
 
     Attributes:
-        max_in_flight: calls under way on the link before pushes wait to be coalesced
-            (``CALLS_PER_CHANNEL`` per channel of the pool).
+        max_in_flight: calls under way on the link at most, when the waiting pushes
+            are full (``CALLS_PER_CHANNEL`` per channel of the pool); otherwise one.
         push_many: whether waiting pushes go as one ``PushMany`` (False while the
             gateway answered ``UNIMPLEMENTED``).
     """
@@ -83,6 +90,8 @@ class PushCoalescer:
         self._link = link
         self._in_flight = 0
         self._waiting: deque[_Waiting] = deque()
+        self._waiting_messages = 0
+        self._waiting_bytes = 0
         self._senders: set[asyncio.Task[None]] = set()
         self._closed = False
 
@@ -102,15 +111,18 @@ class PushCoalescer:
             raise BusError(f"the link to {self._link.url} is closed")
         if not self.push_many:
             return await self._push_one(request)
-        if self._in_flight < self.max_in_flight:
+        if not self._in_flight:  # then nothing waits either
             self._in_flight += 1
             try:
                 return await self._push_one(request)
             finally:
                 self._ended()
-        future: asyncio.Future[pb.PushResponse] = asyncio.get_running_loop().create_future()
-        self._waiting.append(_Waiting(request, future))
-        return await future
+        item = _Waiting(request, asyncio.get_running_loop().create_future())
+        self._waiting.append(item)
+        self._waiting_messages += item.messages
+        self._waiting_bytes += item.size
+        self._send_waiting()
+        return await item.future
 
     def lacks_push_many(self) -> None:
         """The gateway answered ``PushMany`` with ``UNIMPLEMENTED`` (it predates it):
@@ -137,9 +149,13 @@ class PushCoalescer:
     # -- sending --------------------------------------------------------------------
 
     def _ended(self) -> None:
-        """A call ended: send what waits, while there is room."""
+        """A call ended: send what waits."""
         self._in_flight -= 1
-        while self._waiting and self._in_flight < self.max_in_flight and not self._closed:
+        self._send_waiting()
+
+    def _send_waiting(self) -> None:
+        """Send what waits while :meth:`_may_send` allows."""
+        while self._may_send():
             batch = self._take()
             if not batch:
                 break
@@ -147,6 +163,16 @@ class PushCoalescer:
             task = asyncio.create_task(self._send(batch), name=f"busmq-pushes {self._link.url}")
             self._senders.add(task)
             task.add_done_callback(self._senders.discard)
+
+    def _may_send(self) -> bool:
+        """Whether the waiting pushes go now: when no call is under way, or when they
+        are full and fewer than ``max_in_flight`` calls are under way."""
+        if not self._waiting or self._closed:
+            return False
+        if not self._in_flight:
+            return True
+        full = self._waiting_messages >= FULL_MESSAGES or self._waiting_bytes >= FULL_BYTES
+        return full and self._in_flight < self.max_in_flight
 
     def _take(self) -> list[_Waiting]:
         """The oldest waiting pushes, within the bounds of one call (pushes whose caller
@@ -156,14 +182,17 @@ class PushCoalescer:
         waiting = self._waiting
         while waiting and len(batch) < MAX_PUSHES:
             item = waiting[0]
-            if item.future.done():
-                waiting.popleft()
-                continue
-            if batch and (size + item.size > MAX_BYTES or messages + item.messages > MAX_MESSAGES):
-                break
-            batch.append(waiting.popleft())
-            size += item.size
-            messages += item.messages
+            if not item.future.done():
+                if batch and (
+                    size + item.size > MAX_BYTES or messages + item.messages > MAX_MESSAGES
+                ):
+                    break
+                batch.append(item)
+                size += item.size
+                messages += item.messages
+            waiting.popleft()
+            self._waiting_messages -= item.messages
+            self._waiting_bytes -= item.size
         return batch
 
     async def _send(self, batch: list[_Waiting]) -> None:
