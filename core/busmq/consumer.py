@@ -106,6 +106,7 @@ class Consumer:
         self.delivered = 0
         self._from_id = from_id
         self._fetched = 0
+        self._next_claim = 0.0  # loop time of the next claim (at-least-once)
         self._buffer: asyncio.Queue[list[Delivery] | _End] = asyncio.Queue(maxsize=1)
         self._batch: list[Delivery] = []
         self._index = 0
@@ -308,8 +309,6 @@ class Consumer:
         assert shard is not None, "start() locates the queue"
         wake = await shard.notifier.watch(self.queue.name)
         backoff = 0.05
-        next_claim = 0.0
-        loop = asyncio.get_running_loop()
         end = _End()
         try:
             while not self._stopping:
@@ -320,14 +319,7 @@ class Consumer:
                         break
                 wake.clear()  # before reading, so a push during the read is not missed
                 try:
-                    batch: list[Delivery] = []
-                    if self.mode is Mode.AT_LEAST_ONCE and loop.time() >= next_claim:
-                        next_claim = loop.time() + self._claim_interval
-                        batch = await self._claim(count)
-                        if len(batch) == count:
-                            next_claim = 0.0  # more may be overdue: claim again at once
-                    if not batch:
-                        batch = await self._read_batch(count)
+                    batch = await self._claim_or_read(count)
                 except BusUnavailableError as exc:
                     self.queue.events.emit(Event("error", self.queue.name, error=exc))
                     await asyncio.sleep(backoff)
@@ -354,6 +346,19 @@ class Consumer:
             await shard.notifier.unwatch(self.queue.name, wake)
         # Not reached when cancelled by close(), which ends the iteration itself.
         await self._buffer.put(end)
+
+    async def _claim_or_read(self, count: int) -> list[Delivery]:
+        """At-least-once: overdue deliveries first, every claim interval and again at once
+        after a full claim (more may be overdue); otherwise new messages."""
+        if self.mode is Mode.AT_LEAST_ONCE:
+            now = asyncio.get_running_loop().time()
+            if now >= self._next_claim:
+                claimed = await self._claim(count)
+                full = len(claimed) == count
+                self._next_claim = now if full else now + self._claim_interval
+                if claimed:
+                    return claimed
+        return await self._read_batch(count)
 
     async def _read_batch(self, count: int) -> list[Delivery]:
         # close() waits for a read in flight rather than cancel it (see there).
