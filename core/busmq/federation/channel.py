@@ -16,10 +16,10 @@ What differs, because the end crosses a network:
   (deliveries fetched but not handed out are dropped here, so none is handed out
   twice), replay resumes after the last id seen, at-most-once may lose what the
   gateway had read but not yet delivered when the link broke.
-* **Sending while the link is down.** ``send`` returns ``None`` when the message went to
-  the durable outbox (the link is down, the call failed ambiguously, the end is
-  between two streams, or earlier sends still wait there); the outbox forwards it into
-  the peer's queue in order, with the same ``request_id``. A forwarded message whose
+* **Sending while the link is down.** ``send`` pushes into the peer's queue as a local
+  end does, through the federated push path; it returns ``None`` when the message went
+  to the durable outbox (the link is down, the call failed ambiguously, or earlier sends
+  still wait there), which forwards it in order, with the same ``request_id``. A forwarded message whose
   peer queue has expired is dead-lettered unless this end is connected again by then.
 * **Acks** of at-least-once deliveries go through ``AckChannel`` and are batched per
   event-loop tick. There is no remote ``nack``: a delivery given back (a handler that
@@ -61,6 +61,7 @@ from ..errors import (
     ChannelEndedError,
     ChannelStateError,
     InvalidNameError,
+    QueueNotFoundError,
     UnknownMessageError,
 )
 from ..events import Event, EventHub
@@ -73,12 +74,12 @@ from ..wire import MODE_TO_PROTO
 from .backoff import Backoff
 from .convert import Settle, delivery, duration, outgoing
 from .errors import (
-    AMBIGUOUS,
     RemoteError,
     error_reason,
     from_rpc_error,
 )
 from .link import Link, LinkState
+from .queue import checked_request_id, push_or_queue
 from .streams import StreamBroken, first_response, read
 
 if TYPE_CHECKING:
@@ -403,38 +404,18 @@ class FederatedChannel:
         self._require_connected()
         if not messages:
             return PushResult([], False)
-        if request_id is None:
-            request_id = uuid.uuid4().hex
-        elif not request_id or len(request_id) > 200:
-            raise ValueError("request_id must be 1-200 characters")
-        outbox = await self._manager.ready_outbox()
-        link = self.link
-        link.require_authorized()
-        wire = outgoing(messages)
-        connection = self._connection_id
-        if connection and link.usable and not outbox.pending(self.target, self._outbound_queue):
-            request = pb.SendChannelRequest(
-                connection_id=connection, messages=wire, request_id=request_id
-            )
-            try:
-                response = await link.stub(pb_grpc.ChannelServiceStub).SendChannel(
-                    request, metadata=link.metadata, timeout=link.operation_timeout
-                )
-            except grpc.aio.AioRpcError as exc:
-                link.report(exc)
-                # Between two streams the gateway no longer knows the connection: the
-                # message goes the outbox's way, as during a cut.
-                if exc.code() not in AMBIGUOUS and error_reason(exc) != "CONNECTION_NOT_FOUND":
-                    raise self._error(exc) from None
-            else:
-                return PushResult(list(response.ids), bool(response.duplicate))
-        push = queue_pb.PushRequest(
-            queue=self._outbound_queue, messages=wire, request_id=request_id
+        # As a local end does: a push into the peer's queue (so direct sends and the
+        # outbox share one path, order and dedupe).
+        request = queue_pb.PushRequest(
+            queue=self._outbound_queue,
+            messages=outgoing(messages),
+            request_id=checked_request_id(request_id),
         )
-        await outbox.append(
-            self.target, self._outbound_queue, request_id, len(messages), push.SerializeToString()
-        )
-        return None
+        try:
+            response = await push_or_queue(self._manager, self.link, request, len(messages))
+        except QueueNotFoundError:
+            raise ChannelEndedError(self.name, "the peer's queue is gone (ended)") from None
+        return None if response is None else PushResult(list(response.ids), response.duplicate)
 
     async def send_to(
         self, role: str, message: Payload, *, headers: Mapping[str, str] | None = None

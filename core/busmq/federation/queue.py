@@ -307,29 +307,15 @@ class FederatedQueue:
         self._require_open()
         if not encoded:
             return PushResult([], False)
-        if request_id is None:
-            request_id = uuid.uuid4().hex
-        elif not request_id or len(request_id) > 200:
-            raise ValueError("request_id must be 1-200 characters")
-        request = pb.PushRequest(queue=self.name, messages=outgoing(encoded), request_id=request_id)
-        outbox = await self._manager.ready_outbox()
-        link = self.link
-        if link.state is LinkState.CONNECTING:
-            await link.wait_settled(link.settings.connect_timeout)
-        link.require_authorized()
-        if link.usable and not outbox.pending(self.target, self.name):
-            try:
-                # Coalesced with the other pushes of the link while calls are under way.
-                response = await link.pushes.push(request)
-            except AmbiguousPush:
-                pass  # the outbox resends it with the same request_id: stored once
-            else:
-                if not response.duplicate:
-                    self.pushed += len(encoded)
-                return PushResult(list(response.ids), bool(response.duplicate))
-        payload = request.SerializeToString()
-        await outbox.append(self.target, self.name, request_id, len(encoded), payload)
-        return None
+        request = pb.PushRequest(
+            queue=self.name, messages=outgoing(encoded), request_id=checked_request_id(request_id)
+        )
+        response = await push_or_queue(self._manager, self.link, request, len(encoded))
+        if response is None:
+            return None
+        if not response.duplicate:
+            self.pushed += len(encoded)
+        return PushResult(list(response.ids), bool(response.duplicate))
 
     # -- consuming ------------------------------------------------------------------
 
@@ -442,6 +428,40 @@ class FederatedQueue:
 
     def _error(self, exc: grpc.aio.AioRpcError) -> BusError:
         return from_rpc_error(exc, queue=self.name, target=self.target)
+
+
+def checked_request_id(request_id: str | None) -> str:
+    """``request_id`` if valid (1-200 characters), a random one if ``None``."""
+    if request_id is None:
+        return uuid.uuid4().hex
+    if not request_id or len(request_id) > 200:
+        raise ValueError("request_id must be 1-200 characters")
+    return request_id
+
+
+async def push_or_queue(
+    manager: FederationManager, link: Link, request: pb.PushRequest, count: int
+) -> pb.PushResponse | None:
+    """Push ``request`` (``count`` messages) through the link, or keep it in the outbox.
+
+    Direct when the link is usable and no earlier push to the same queue waits in the
+    outbox (so a queue's order holds), coalesced with the link's other pushes; into the
+    outbox (``None``) otherwise, or when the direct call failed ambiguously: the outbox
+    resends it with the same ``request_id``, which the gateway stores once. Refusals
+    raise the mapped exception; a refused credential raises instead of queuing.
+    """
+    outbox = await manager.ready_outbox()
+    if link.state is LinkState.CONNECTING:
+        await link.wait_settled(link.settings.connect_timeout)
+    link.require_authorized()
+    if link.usable and not outbox.pending(link.url, request.queue):
+        try:
+            return await link.pushes.push(request)
+        except AmbiguousPush:
+            pass
+    payload = request.SerializeToString()
+    await outbox.append(link.url, request.queue, request.request_id, count, payload)
+    return None
 
 
 def _encode_item(item: Any, limit: int) -> EncodedMessage:
