@@ -54,6 +54,23 @@ class Lanes:
         if self.sent[lane] - self.consumed[lane] <= self.window // 2:
             self.rooms[lane].set()
 
+    async def measure(self, label: str, warmup: float, seconds: float) -> Figures:
+        """Let the flow settle for ``warmup`` seconds, then record for ``seconds``: the
+        figures of that window (latencies only of messages taken while recording)."""
+        await asyncio.sleep(warmup)
+        start_consumed, start_sent = sum(self.consumed), sum(self.sent)
+        self.recording = True
+        started = time.perf_counter()
+        await asyncio.sleep(seconds)
+        return Figures(
+            label,
+            time.perf_counter() - started,
+            pushed=sum(self.sent) - start_sent,
+            consumed=sum(self.consumed) - start_consumed,
+            p50_ms=percentile(self.latencies, 0.5),
+            p99_ms=percentile(self.latencies, 0.99),
+        )
+
     def stop(self) -> None:
         self.running = False
         for room in self.rooms:

@@ -87,21 +87,8 @@ async def flood(make: Callable[[str], AnyQueue], label: str, args: argparse.Name
         for i, q in enumerate(queues)
     ]
     producers = [asyncio.create_task(producer(i)) for i in range(len(queues))]
-    await asyncio.sleep(args.warmup)
-    start_consumed, start_sent = sum(lanes.consumed), sum(lanes.sent)
-    lanes.recording = True
-    started = time.perf_counter()
-    await asyncio.sleep(args.seconds)
-    elapsed = time.perf_counter() - started
-    figures = Figures(
-        label,
-        elapsed,
-        pushed=sum(lanes.sent) - start_sent,
-        consumed=sum(lanes.consumed) - start_consumed,
-        p50_ms=percentile(lanes.latencies, 0.5),
-        p99_ms=percentile(lanes.latencies, 0.99),
-        outboxed=outboxed,
-    )
+    figures = await lanes.measure(label, args.warmup, args.seconds)
+    figures.outboxed = outboxed
     lanes.stop()
     await cancel(producers)
     await drained(queues)

@@ -120,20 +120,7 @@ async def flood(transport: Transport, label: str, args: argparse.Namespace, tag:
         for i, n in enumerate(names)
     ]
     producers = [asyncio.create_task(producer(i)) for i in range(args.queues)]
-    await asyncio.sleep(args.warmup)
-    start_consumed, start_sent = sum(lanes.consumed), sum(lanes.sent)
-    lanes.recording = True
-    started = time.perf_counter()
-    await asyncio.sleep(args.seconds)
-    elapsed = time.perf_counter() - started
-    figures = Figures(
-        label,
-        elapsed,
-        pushed=sum(lanes.sent) - start_sent,
-        consumed=sum(lanes.consumed) - start_consumed,
-        p50_ms=percentile(lanes.latencies, 0.5),
-        p99_ms=percentile(lanes.latencies, 0.99),
-    )
+    figures = await lanes.measure(label, args.warmup, args.seconds)
     lanes.stop()
     await _cancel(producers + consumers)
     return figures
