@@ -19,8 +19,9 @@ What differs, because the end crosses a network:
 * **Sending while the link is down.** ``send`` pushes into the peer's queue as a local
   end does, through the federated push path; it returns ``None`` when the message went
   to the durable outbox (the link is down, the call failed ambiguously, or earlier sends
-  still wait there), which forwards it in order, with the same ``request_id``. A forwarded message whose
-  peer queue has expired is dead-lettered unless this end is connected again by then.
+  still wait there), which forwards it in order, with the same ``request_id``. A
+  forwarded message whose peer queue has expired is dead-lettered unless this end is
+  connected again by then.
 * **Acks** of at-least-once deliveries go through ``AckChannel`` and are batched per
   event-loop tick. There is no remote ``nack``: a delivery given back (a handler that
   raised) comes again after the visibility timeout, or at once when the end
@@ -57,7 +58,6 @@ from ..consumer import Mode
 from ..errors import (
     BusClosedError,
     BusError,
-    BusUnavailableError,
     ChannelEndedError,
     ChannelStateError,
     InvalidNameError,
@@ -206,7 +206,7 @@ class FederatedChannel:
                 raise ChannelEndedError(self.name)
             if self._state is ChannelState.CONNECTED:
                 raise ChannelStateError(self.name, f"already connected as {self.role!r}")
-            self._require_usable()
+            await self._require_usable()
             request = pb.ConnectChannelRequest(
                 channel=self.name,
                 local_role=self.local,
@@ -428,7 +428,7 @@ class FederatedChannel:
             raise InvalidNameError(role, f"not a role of channel {self.name!r}")
         if self._state is ChannelState.ENDED:
             raise ChannelEndedError(self.name)
-        self._require_usable()
+        await self._require_usable()
         limit = self._manager.bus.settings.max_message_bytes
         request = pb.SendToRoleRequest(
             channel=self.name,
@@ -514,7 +514,7 @@ class FederatedChannel:
         async with self._lock:
             if self._state is ChannelState.ENDED:
                 return
-            self._require_usable()
+            await self._require_usable()
             self._leaving = True
             if self._connection_id is None:
                 if self._request is None:
@@ -604,13 +604,10 @@ class FederatedChannel:
             self._teardown()
         await self._acks.drain()
 
-    def _require_usable(self) -> None:
+    async def _require_usable(self) -> None:
         if self._manager.closed:
             raise BusClosedError("federation is closed")
-        link = self.link
-        link.require_authorized()
-        if not link.usable:
-            raise BusUnavailableError(f"the link to {link.url} is {link.state.value}", link.url)
+        await self.link.require_usable()
 
     def _require_connected(self) -> None:
         if self._state is ChannelState.ENDED:

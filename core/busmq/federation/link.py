@@ -56,7 +56,7 @@ from typing import Any
 
 import grpc
 
-from ..errors import BusError
+from ..errors import BusClosedError, BusError, BusUnavailableError
 from ..events import Event, EventHub
 from ..v1 import queue_service_pb2 as pb
 from ..v1 import queue_service_pb2_grpc as pb_grpc
@@ -208,10 +208,27 @@ class Link:
             self._set_state(LinkState.DRAINING_OUTBOX if rows else LinkState.READY)
 
     def require_authorized(self) -> None:
+        """Raise while the gateway refuses the credentials, or once the link is closed."""
         if self._state is LinkState.UNAUTHORIZED:
             raise FederationUnauthorizedError(self.url)
         if self._state is LinkState.CLOSED:
-            raise BusError(f"the link to {self.url} is closed")
+            raise BusClosedError(f"the link to {self.url} is closed")
+
+    async def require_usable(self, note: str = "") -> None:
+        """Fail fast unless direct calls are expected to work (for calls that are not
+        queued in the outbox); a link still connecting gets its first probe's outcome
+        (up to ``connect_timeout``) first.
+
+        Raises:
+            BusClosedError: the link is closed.
+            FederationUnauthorizedError: the gateway refuses the credentials.
+            BusUnavailableError: the link is down (``note`` is added to the message).
+        """
+        if self._state is LinkState.CONNECTING:
+            await self.wait_settled(self.settings.connect_timeout)
+        self.require_authorized()
+        if not self.usable:
+            raise BusUnavailableError(f"the link is {self._state.value}{note}", self.url)
 
     def _set_state(self, state: LinkState) -> None:
         previous = self._state

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from google.protobuf import duration_pb2
 
-from ..errors import BusClosedError, BusUnavailableError
 from ..events import Event
 from ..persistable import Persistable, PersistableBase
 from ..v1 import persistable_service_pb2 as pb
@@ -144,14 +143,9 @@ class GatewayStore:
         ``wait_for_ready``). ``missing_ok``: ``None`` when the gateway answers that
         the object does not exist."""
         link = self._link
-        # Not the manager's ``closed``: it is set before the objects are released.
-        if link.state is LinkState.CLOSED:
-            raise BusClosedError(f"the link to {link.url} is closed")
-        if link.state is LinkState.CONNECTING:
-            await link.wait_settled(link.settings.connect_timeout)
-        link.require_authorized()
-        if not link.usable:
-            raise BusUnavailableError(f"the link is {link.state.value}", link.url)
+        # The link's state, not the manager's ``closed``: that is set before the objects
+        # are released.
+        await link.require_usable()
         stub = link.stub(pb_grpc.PersistableServiceStub)
         try:
             return await getattr(stub, method)(

@@ -256,17 +256,7 @@ class FederatedService:
 
     async def _ready(self) -> None:
         """Fail fast unless the link is usable (waiting only for a new link's first probe)."""
-        link = self.link
-        if link.state is LinkState.CONNECTING:
-            await link.wait_settled(link.settings.connect_timeout)
-        if link.state is LinkState.CLOSED:
-            raise BusClosedError(f"the link to {link.url} is closed")
-        link.require_authorized()
-        if not link.usable:
-            raise BusUnavailableError(
-                f"service {self.name!r}: the link is {link.state.value} (requests are not queued)",
-                link.url,
-            )
+        await self.link.require_usable(f" (requests to {self.name!r} are not queued)")
 
     @contextlib.contextmanager
     def _tracked(self, call: Any) -> Iterator[None]:
