@@ -14,6 +14,7 @@ async with busmq.Bus(redis_urls=("redis://127.0.0.1:6379",)) as bus:
 from .bus import Bus, BusState
 from .channel import Channel, ChannelState
 from .consumer import LATEST, Consumer, Mode
+from .durability import Durability
 from .embedded import EmbeddedRedis
 from .errors import (
     BusClosedError,
@@ -22,6 +23,8 @@ from .errors import (
     BusUnavailableError,
     ChannelEndedError,
     ChannelStateError,
+    DurabilityError,
+    DurabilityUnsupportedError,
     EmbeddedRedisError,
     InvalidMessageError,
     InvalidNameError,
@@ -32,6 +35,7 @@ from .errors import (
     QueueNotFoundError,
     RequestTimeoutError,
     ServiceError,
+    TopologyError,
     UnknownMessageError,
 )
 from .events import Event, Subscription
@@ -56,6 +60,9 @@ __all__ = [
     "ChannelStateError",
     "Consumer",
     "Delivery",
+    "Durability",
+    "DurabilityError",
+    "DurabilityUnsupportedError",
     "EmbeddedRedis",
     "EmbeddedRedisError",
     "Event",
@@ -78,5 +85,6 @@ __all__ = [
     "Service",
     "ServiceError",
     "Subscription",
+    "TopologyError",
     "UnknownMessageError",
 ]

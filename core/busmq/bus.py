@@ -9,20 +9,17 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, overload
 
-import redis.asyncio as aioredis
-
 from .channel import Channel
 from .embedded import EmbeddedRedis
 from .errors import BusClosedError, BusError, BusUnavailableError
 from .events import Event, EventHub
-from .keys import QueueKeys
 from .persistable import Persistable
+from .placement import Placement
 from .queue import Queue
 from .scripts import Scripts
 from .service import Service
 from .settings import BusSettings
 from .shard import Shard, ShardState
-from .sharding import rank
 
 if TYPE_CHECKING:
     from .federation import FederatedQueue, FederationManager, FederationSettings
@@ -64,8 +61,8 @@ class Bus:
         self.shards: list[Shard] = []
         self.embedded: EmbeddedRedis | None = None
         self.scripts: Scripts
-        self._attached: set[Queue] = set()
-        self._locations: dict[str, Shard] = {}  # shard of objects known to exist, by key
+        self.placement = Placement()
+        self.attached: set[Queue] = set()
         self._renewer: asyncio.Task[None] | None = None
         self._state = BusState.CREATED
         self.events.on(self._track_state)
@@ -95,20 +92,31 @@ class Bus:
             raise BusError(f"connect() on a bus that is {self._state.value}")
         urls = self.settings.redis_urls
         if not urls:
-            self.embedded = EmbeddedRedis(self.settings.data_dir)
+            fsync_always = self.settings.durability.fsync
+            self.embedded = EmbeddedRedis(self.settings.data_dir, fsync_always=fsync_always)
             await self.embedded.start()
             urls = (self.embedded.url,)
         self.shards = [Shard(url, self.settings, self.events) for url in urls]
+        self.placement = Placement(self.shards)
         self.scripts = Scripts(self.shards[0].client)
+        try:
+            await asyncio.gather(*(s.check_topology() for s in self.shards))
+        except BaseException:
+            await self._close_shards()
+            raise
         self._state = BusState.OFFLINE
         for shard in self.shards:
             shard.start()
         self._renewer = asyncio.create_task(self._renew_loop(), name="busmq-lease-renewal")
         timeout = self.settings.operation_timeout if wait is None else wait
         results = await asyncio.gather(*(s.wait_online(timeout) for s in self.shards))
-        down = [s.label for s, ok in zip(self.shards, results, strict=True) if not ok]
+        down = [s for s, ok in zip(self.shards, results, strict=True) if not ok]
         if down:
-            raise BusUnavailableError(f"redis not reachable after {timeout:.1f}s", ", ".join(down))
+            reasons = "; ".join(f"{s.label}: {s.last_error}" for s in down if s.last_error)
+            raise BusUnavailableError(
+                f"redis not reachable after {timeout:.1f}s" + (f" ({reasons})" if reasons else ""),
+                ", ".join(s.label for s in down),
+            )
 
     async def close(self) -> None:
         """Detach every queue, stop the shards and the embedded Redis."""
@@ -120,18 +128,21 @@ class Bus:
             self._renewer.cancel()
             await asyncio.gather(self._renewer, return_exceptions=True)
         try:
-            for queue in tuple(self._attached):
+            for queue in tuple(self.attached):
                 try:
                     await queue.detach()
                 except BusError as exc:
                     log.warning("could not detach %s while closing: %s", queue.name, exc)
         finally:
             self._state = BusState.CLOSED
-            await asyncio.gather(*(s.close() for s in self.shards), return_exceptions=True)
-            if self.embedded is not None:
-                await self.embedded.stop()
+            await self._close_shards()
             self.events.emit(Event("closed", "bus"))
             self.events.close()
+
+    async def _close_shards(self) -> None:
+        await asyncio.gather(*(s.close() for s in self.shards), return_exceptions=True)
+        if self.embedded is not None:
+            await self.embedded.stop()
 
     async def __aenter__(self) -> Bus:
         await self.connect()
@@ -214,49 +225,13 @@ class Bus:
         if self._state is BusState.CLOSED:
             raise BusClosedError("the bus is closed")
 
-    # -- placement ------------------------------------------------------------------
-
-    async def _locate(self, name: str, probe_key: str | None = None) -> Shard:
-        """The shard that holds object ``name``, or where it is to be created.
-
-        Shards are probed in rendezvous order for ``probe_key`` (default: the queue's
-        info hash); the first that already has it wins, so objects created before
-        shards were added are still found.
-        """
-        if not self.shards:
-            raise BusError("the bus is not connected")
-        if len(self.shards) == 1:
-            return self.shards[0]
-        key = probe_key or QueueKeys(name).info
-        known = self._locations.get(key)
-        if known is not None:
-            return known
-        order = [self.shards[i] for i in rank([s.identity for s in self.shards], name)]
-
-        async def exists(client: aioredis.Redis) -> int:
-            return int(await client.exists(key))
-
-        found = await asyncio.gather(*(s.run(exists, idempotent=True) for s in order))
-        for shard, present in zip(order, found, strict=True):
-            if present:
-                self._locations[key] = shard
-                return shard
-        return order[0]
-
-    def _forget_location(self, name: str) -> None:
-        """The queue is gone from where it was: locate it afresh next time."""
-        self._locations.pop(QueueKeys(name).info, None)
-
-    def _remember_location(self, name: str, shard: Shard) -> None:
-        self._locations[QueueKeys(name).info] = shard
-
     # -- leases ---------------------------------------------------------------------
 
     async def _renew_loop(self) -> None:
         interval = self.settings.lease_seconds / 3
         while True:
             await asyncio.sleep(interval)
-            await self._renew(tuple(q for q in self._attached if q._auto_renew))
+            await self._renew(tuple(q for q in self.attached if q._auto_renew))
 
     async def _renew(self, queues: Iterable[Queue]) -> None:
         results = await asyncio.gather(*(q.renew() for q in queues), return_exceptions=True)

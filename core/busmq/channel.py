@@ -42,7 +42,7 @@ from .message import Delivery, EncodedMessage, Payload
 from .queue import PushResult, Queue
 
 if TYPE_CHECKING:
-    from .bus import Bus
+    from .context import BusContext
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ class Channel:
 
     def __init__(
         self,
-        bus: Bus,
+        bus: BusContext,
         name: str,
         *,
         local: str = "local",
@@ -581,7 +581,7 @@ class _Inbox:
 
 
 async def send_encoded_to_role(
-    bus: Bus,
+    bus: BusContext,
     channel: str,
     role: str,
     messages: Sequence[EncodedMessage],

@@ -69,9 +69,14 @@ class EmbeddedRedis:
     Use as ``async with EmbeddedRedis(data_dir) as server: server.url``.
     """
 
-    def __init__(self, data_dir: Path, binary: str | None = None) -> None:
+    def __init__(
+        self, data_dir: Path, binary: str | None = None, *, fsync_always: bool = False
+    ) -> None:
         self.data_dir = Path(data_dir)
         self.binary = binary
+        self.fsync_always = fsync_always
+        """``appendfsync always`` instead of ``everysec``: every write is on disk before
+        Redis answers (the ``fsync`` durability level on servers without WAITAOF)."""
         self._process: asyncio.subprocess.Process | None = None
         self._lock: IO[str] | None = None
         self._socket_dir: str | None = None
@@ -95,7 +100,7 @@ class EmbeddedRedis:
             "--unixsocketperm", "700",
             "--dir", str(self.data_dir),
             "--appendonly", "yes",
-            "--appendfsync", "everysec",
+            "--appendfsync", "always" if self.fsync_always else "everysec",
             "--save", "",
             "--daemonize", "no",
             "--logfile", str(self.data_dir / "redis.log"),

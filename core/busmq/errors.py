@@ -22,6 +22,9 @@ core: they are translated at the shard boundary (:mod:`busmq.shard`).
     ├── RedisCommandError                         Redis refused a command (misconfiguration)
     ├── BusUnavailableError                       Redis unreachable
     │   └── BusTimeoutError         (TimeoutError) an operation ran out of time
+    ├── DurabilityError                           a push applied but not confirmed durable
+    ├── DurabilityUnsupportedError                the server cannot give the durability asked
+    ├── TopologyError                             the deployment is not what its URL says
     └── EmbeddedRedisError                        the embedded redis-server failed
 """
 
@@ -188,6 +191,31 @@ class BusUnavailableError(BusError):
 
 class BusTimeoutError(BusUnavailableError, TimeoutError):
     """An operation did not complete within ``BusSettings.operation_timeout``."""
+
+
+class DurabilityError(BusError):
+    """A push was applied by the master but not confirmed at the durability asked for
+    (too few replicas acknowledged it, or the fsync was not confirmed) in time.
+
+    The push *may* be stored, and may survive or be lost in a failover: retry it with
+    the same ``request_id`` (deduped if the first one survived). ``ids`` are the ids
+    the master gave it.
+    """
+
+    def __init__(self, message: str, shard: str = "", ids: Sequence[int] = ()) -> None:
+        super().__init__(f"{message} [{shard}]" if shard else message)
+        self.shard = shard
+        self.ids = tuple(ids)
+
+
+class DurabilityUnsupportedError(BusError):
+    """The server cannot give the durability asked for (e.g. ``fsync`` on a Redis
+    older than 7.2 that does not fsync every write); nothing was pushed."""
+
+
+class TopologyError(BusError):
+    """The Redis deployment is not what its URL says: a Sentinel service name that no
+    Sentinel knows, for example."""
 
 
 class EmbeddedRedisError(BusError):

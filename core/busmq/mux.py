@@ -17,7 +17,9 @@ What this module owns, and how:
   shard translates them exactly as it does redis-py's.
 - **Connecting**: :class:`Endpoint` is read from the shard's redis-py pool, so every
   URL form the bus accepts (``redis://``, ``rediss://`` with the pool's SSL parameters,
-  ``unix://``) reaches the same server the same way. The handshake is ``AUTH``
+  ``unix://``) reaches the same server the same way. A Sentinel shard's endpoint asks
+  redis-py's Sentinel client for the master's address before every connect, so a new
+  connection after a failover goes to the new master. The handshake is ``AUTH``
   (username and password, or password only), ``CLIENT SETNAME`` if the URL names the
   client, and ``SELECT``, pipelined in one write.
 - **Failures**: when the connection is lost every pending call fails with a redis-py
@@ -33,7 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -91,6 +93,8 @@ class RespProtocol(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self.error: rex.RedisError | None = None
         """Why the connection ended (``None`` while it is usable)."""
+        self.address: tuple[str, int] | None = None
+        """The server's TCP address (``None`` on a unix socket)."""
         self.ended: asyncio.Future[None] = self._loop.create_future()
 
     # -- asyncio.Protocol --------------------------------------------------------------
@@ -224,6 +228,11 @@ class Endpoint:
     username: str | None = None
     password: str | None = field(default=None, repr=False)
     client_name: str | None = None
+    locate: Callable[[], Awaitable[tuple[str, int]]] | None = field(
+        default=None, repr=False, compare=False
+    )
+    """Where the server is now (a Sentinel's answer), asked before each connect;
+    ``None``: always ``host``/``port``."""
 
     @classmethod
     def from_pool(cls, pool: ConnectionPool, label: str) -> Endpoint:
@@ -269,10 +278,12 @@ class Endpoint:
                 if self.path:
                     transport, protocol = await loop.create_unix_connection(factory, self.path)
                 else:
+                    host, port = (self.host, self.port)
+                    if self.locate is not None:
+                        host, port = await self.locate()
                     ssl = self.tls.get() if self.tls is not None else None
-                    transport, protocol = await loop.create_connection(
-                        factory, self.host, self.port, ssl=ssl
-                    )
+                    transport, protocol = await loop.create_connection(factory, host, port, ssl=ssl)
+                    protocol.address = (host, int(port))
                 try:
                     await self._start_session(protocol, select)
                 except BaseException:
@@ -363,6 +374,18 @@ class MuxClient:
         replies: list[Any] = await protocol.request_many(commands)
         return replies
 
+    @property
+    def address(self) -> tuple[str, int] | None:
+        """The TCP address of the open connection, if any."""
+        protocol = self._protocol
+        return protocol.address if protocol is not None and protocol.error is None else None
+
+    def drop(self, reason: str) -> None:
+        """End the open connection (its pending calls fail with ``ConnectionError``); the
+        next call connects again, to wherever the endpoint says the server is now."""
+        if self._protocol is not None:
+            self._protocol.fail(rex.ConnectionError, f"{self.endpoint.label}: {reason}")
+
     async def run_script(
         self, sha: str, source: Arg, keys: Sequence[Arg], args: Sequence[Arg]
     ) -> Any:
@@ -374,6 +397,22 @@ class MuxClient:
         except rex.NoScriptError:
             await self.execute(b"SCRIPT", b"LOAD", source)
             return await self.execute(b"EVALSHA", sha, len(keys), *keys, *args)
+
+    async def run_script_then(
+        self, sha: str, source: Arg, keys: Sequence[Arg], args: Sequence[Arg], then: Command
+    ) -> tuple[Any, Any]:
+        """``EVALSHA`` followed on the same connection by ``then`` (e.g. ``WAIT``, which
+        waits for the writes of this connection); returns both replies, the second one
+        as a value even if it is an error. On ``NOSCRIPT`` the script is loaded and both
+        are sent again (NOSCRIPT means it did not run). A script error is raised."""
+        script: Command = (b"EVALSHA", sha, len(keys), *keys, *args)
+        reply, after = await self.execute_many([script, then])
+        if isinstance(reply, rex.NoScriptError):
+            await self.execute(b"SCRIPT", b"LOAD", source)
+            reply, after = await self.execute_many([script, then])
+        if isinstance(reply, rex.RedisError):
+            raise reply
+        return reply, after
 
     async def aclose(self) -> None:
         """Close the connection; pending calls fail, later calls do not reconnect."""

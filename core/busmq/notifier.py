@@ -126,6 +126,15 @@ class Notifier:
             if self._subscription is not None:
                 self._subscription.write((b"UNSUBSCRIBE", channel))
 
+    def follow(self, master: tuple[str, int] | None) -> None:
+        """Resubscribe if subscribed elsewhere than ``master`` (``None``: anywhere), as
+        after a Sentinel failover; watchers are woken once resubscribed."""
+        subscription = self._subscription
+        if subscription is None or subscription.error is not None:
+            return
+        if master is None or (subscription.address not in (None, master)):
+            subscription.fail(rex.ConnectionError, "following the master")
+
     def _start(self) -> None:
         if self._closed:
             return

@@ -35,7 +35,7 @@ from .events import Event, EventHub
 from .keys import PREFIX, validate_name
 
 if TYPE_CHECKING:
-    from .bus import Bus
+    from .context import BusContext
     from .shard import Shard
 
 log = logging.getLogger(__name__)
@@ -328,7 +328,7 @@ class Persistable(PersistableBase):
 
     def __init__(
         self,
-        bus: Bus,
+        bus: BusContext,
         name: str,
         fields: Iterable[str] | Mapping[str, Any],
         *,
@@ -345,7 +345,7 @@ class RedisStore:
     """A persistable in this bus's Redis: the hash ``busmq:{name}:o`` on the shard that
     holds it (located on first use)."""
 
-    def __init__(self, bus: Bus, name: str) -> None:
+    def __init__(self, bus: BusContext, name: str) -> None:
         self.name = name
         self.key = persistable_key(name)
         self._bus = bus
@@ -385,7 +385,7 @@ class RedisStore:
         if self._bus.closed:
             raise BusClosedError("the bus is closed")
         if self._shard is None:
-            self._shard = await self._bus._locate(self.name, probe_key=self.key)
+            self._shard = await self._bus.placement.locate(self.name, self.key)
         return await self._shard.run(call, idempotent=True)
 
 

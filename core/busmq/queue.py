@@ -10,8 +10,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import redis.asyncio as aioredis
 
 from .consumer import LATEST, Consumer, Mode
+from .durability import Durability
 from .errors import (
     BusClosedError,
+    DurabilityError,
     MessageTooLargeError,
     QueueFullError,
     QueueNotFoundError,
@@ -30,7 +32,7 @@ from .message import (
 )
 
 if TYPE_CHECKING:
-    from .bus import Bus
+    from .context import BusContext
     from .mux import MuxClient
     from .shard import Shard
 
@@ -74,7 +76,7 @@ class Queue:
 
     _attachments = itertools.count(1)
 
-    def __init__(self, bus: Bus, name: str) -> None:
+    def __init__(self, bus: BusContext, name: str) -> None:
         self.name = validate_name(name)
         self._bus = bus
         self._keys = QueueKeys(self.name)
@@ -123,14 +125,14 @@ class Queue:
             raise ValueError("ttl must be positive")
         if max_backlog is not None and max_backlog < 0:
             raise ValueError("max_backlog must not be negative")
-        self._shard = await self._bus._locate(self.name)
+        self._shard = await self._locate()
         member = f"{self._bus.client_id}:{next(self._attachments)}"
         limits = _limit_args(retention, max_backlog)
         created, _ = await self._lease(member, create=True, ttl_ms=str(ttl_ms), limits=limits)
-        self._bus._remember_location(self.name, self._shard)
+        self._bus.placement.remember(self._keys.info, self._shard)
         self._member = member
         self._auto_renew = auto_renew
-        self._bus._attached.add(self)
+        self._bus.attached.add(self)
         self.events.emit(Event("attached", self.name, details={"created": bool(created)}))
         return bool(created)
 
@@ -141,7 +143,7 @@ class Queue:
         for consumer in tuple(self._consumers):
             await consumer.close()
         member, self._member = self._member, None
-        self._bus._attached.discard(self)
+        self._bus.attached.discard(self)
         try:
             await self._run(
                 lambda c: self._bus.scripts.call(c, "detach", self._keys.all(), [member]),
@@ -181,7 +183,7 @@ class Queue:
     async def _lost(self) -> None:
         """The queue was closed elsewhere or expired: end consumers, drop the attachment."""
         self._member = None
-        self._bus._attached.discard(self)
+        self._bus.attached.discard(self)
         for consumer in tuple(self._consumers):
             await consumer.close()
         self.events.emit(Event("closed", self.name))
@@ -196,16 +198,25 @@ class Queue:
     # -- pushing --------------------------------------------------------------------
 
     async def push(
-        self, value: Payload, *, headers: Headers | None = None, request_id: str | None = None
+        self,
+        value: Payload,
+        *,
+        headers: Headers | None = None,
+        request_id: str | None = None,
+        durability: Durability | str | None = None,
     ) -> int:
         """Push one message; returns its id.
 
         ``value`` is bytes, str, or a JSON-serialisable value. Give a ``request_id`` to
         make retries idempotent: a push with a ``request_id`` seen in the last
         ``BusSettings.dedupe_seconds`` stores nothing and returns the original id.
+        ``durability`` overrides ``BusSettings.durability`` for this push (``"async"``,
+        ``"replicas=N"``, ``"fsync"``; see :mod:`busmq.durability`).
         """
         ids = await self.push_batch(
-            [value if headers is None else (value, headers)], request_id=request_id
+            [value if headers is None else (value, headers)],
+            request_id=request_id,
+            durability=durability,
         )
         return ids[0]
 
@@ -214,6 +225,7 @@ class Queue:
         items: Iterable[Payload | tuple[Payload, Headers | None] | EncodedMessage],
         *,
         request_id: str | None = None,
+        durability: Durability | str | None = None,
     ) -> list[int]:
         """Push several messages atomically, in order, in one round trip; returns their ids.
 
@@ -232,21 +244,29 @@ class Queue:
                 message = _encode_item(item, limit)
                 flat += (message.payload, message.kind.value, message.headers)
             count += 1
-        result = await self._push_flat(flat, count, request_id)
+        result = await self._push_flat(flat, count, request_id, durability)
         return result.ids
 
     async def push_encoded(
-        self, encoded: Sequence[EncodedMessage], *, request_id: str | None = None
+        self,
+        encoded: Sequence[EncodedMessage],
+        *,
+        request_id: str | None = None,
+        durability: Durability | str | None = None,
     ) -> PushResult:
         """Push already encoded messages (sizes are the caller's to check); see
         :meth:`push_batch`. Also tells whether ``request_id`` had been stored before."""
         flat: list[bytes | str | int] = []
         for message in encoded:
             flat += (message.payload, message.kind.value, message.headers)
-        return await self._push_flat(flat, len(encoded), request_id)
+        return await self._push_flat(flat, len(encoded), request_id, durability)
 
     async def _push_flat(
-        self, flat: list[bytes | str | int], count: int, request_id: str | None
+        self,
+        flat: list[bytes | str | int],
+        count: int,
+        request_id: str | None,
+        durability: Durability | str | None = None,
     ) -> PushResult:
         self._require_open()
         if not count:
@@ -261,15 +281,34 @@ class Queue:
             if not request_id or len(request_id) > 200:
                 raise ValueError("request_id must be 1-200 characters")
             keys.append(self._keys.dedupe_prefix + request_id)
+        level = (
+            self._bus.settings.durability if durability is None else Durability.parse(durability)
+        )
+        shortfall = None
         try:
-            first, duplicate = await self._run_fast(
-                lambda c: self._bus.scripts.call(c, "push", keys, args), idempotent=False
-            )
+            if level.is_async:
+                first, duplicate = await self._run_fast(
+                    lambda c: self._bus.scripts.call(c, "push", keys, args), idempotent=False
+                )
+            else:
+                shard = self._shard or await self._locate()
+                self._shard = shard
+                sha, source = self._bus.scripts.source("push")
+                reply, shortfall = await shard.run_durable(sha, source, keys, args, level)
+                first, duplicate = reply
         except RedisCommandError as exc:
             raise self._script_error(exc) from None
         if not duplicate:
             self.pushed += count
-        return PushResult(list(range(int(first), int(first) + count)), bool(duplicate))
+        ids = list(range(int(first), int(first) + count))
+        if shortfall is not None:
+            raise DurabilityError(
+                f"push to {self.name!r} applied but not confirmed {level}: {shortfall}; "
+                "it may be stored: retry with the same request_id",
+                self._shard.label if self._shard else "",
+                ids,
+            )
+        return PushResult(ids, bool(duplicate))
 
     # -- consuming ------------------------------------------------------------------
 
@@ -372,7 +411,7 @@ class Queue:
         for consumer in tuple(self._consumers):
             await consumer.close()
         await self._run(lambda c: c.delete(*self._keys.all()), idempotent=True)
-        self._bus._forget_location(self.name)
+        self._bus.placement.forget(self._keys.info)
         if self._member is not None:
             await self._lost()
 
@@ -412,21 +451,24 @@ class Queue:
         *,
         idempotent: bool,
     ) -> T:
-        shard = self._shard or await self._bus._locate(self.name)
+        shard = self._shard or await self._locate()
         self._shard = shard
         return await shard.run(call, idempotent=idempotent)
 
     async def _run_fast(self, call: Callable[[MuxClient], Awaitable[T]], *, idempotent: bool) -> T:
         """:meth:`_run` for the hot paths (see :meth:`Shard.run_fast`)."""
-        shard = self._shard or await self._bus._locate(self.name)
+        shard = self._shard or await self._locate()
         self._shard = shard
         return await shard.run_fast(call, idempotent=idempotent)
+
+    async def _locate(self) -> Shard:
+        return await self._bus.placement.locate(self.name, self._keys.info)
 
     def _script_error(self, exc: RedisCommandError) -> Exception:
         text = str(exc)
         if text.startswith("NOQUEUE"):
             self._shard = None
-            self._bus._forget_location(self.name)
+            self._bus.placement.forget(self._keys.info)
             return QueueNotFoundError(self.name)
         if text.startswith("FULL"):
             return QueueFullError(self.name, int(text.split()[1]))

@@ -32,6 +32,11 @@ class Scripts:
             name: client.register_script(_source(name)) for name in self.NAMES
         }
 
+    def source(self, name: str) -> tuple[str, str]:
+        """Script ``name``'s SHA1 and source."""
+        script = self._scripts[name]
+        return script.sha, str(script.script)
+
     async def call(
         self,
         client: aioredis.Redis | MuxClient,

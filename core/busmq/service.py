@@ -48,7 +48,7 @@ from .message import Delivery, EncodedMessage, Message, Payload, encode
 from .queue import Queue
 
 if TYPE_CHECKING:
-    from .bus import Bus
+    from .context import BusContext
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -129,7 +129,7 @@ class Service:
 
     def __init__(
         self,
-        bus: Bus,
+        bus: BusContext,
         name: str,
         *,
         timeout: float = 30.0,

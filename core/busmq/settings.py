@@ -7,36 +7,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
-_SCHEMES = ("redis", "rediss", "unix")
+from .durability import Durability
+from .topology import mask_url, validate_redis_url
 
-
-def mask_url(url: str) -> str:
-    """Return ``url`` with any password replaced by ``***`` (safe for logs and reprs)."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
-
-
-def validate_redis_url(url: str) -> str:
-    """Check that ``url`` is a Redis URL busmq can use; raise ``ValueError`` otherwise."""
-    parts = urlsplit(url)
-    if parts.scheme not in _SCHEMES:
-        raise ValueError(
-            f"unsupported Redis URL scheme in {mask_url(url)!r}: use one of {', '.join(_SCHEMES)}"
-        )
-    if parts.scheme == "unix":
-        if not parts.path:
-            raise ValueError(f"unix Redis URL {mask_url(url)!r} has no socket path")
-    elif not parts.hostname:
-        raise ValueError(f"Redis URL {mask_url(url)!r} has no host")
-    return url
+__all__ = ["BusSettings", "default_data_dir", "mask_url", "validate_redis_url"]
 
 
 def default_data_dir() -> Path:
@@ -50,8 +25,10 @@ class BusSettings:
     """Everything a :class:`~busmq.Bus` needs to know.
 
     Args:
-        redis_urls: one URL per shard (``redis://``, ``rediss://``, ``unix://``). Empty
-            means: start an embedded ``redis-server`` persisting to ``data_dir``.
+        redis_urls: one URL per shard (``redis://``, ``rediss://``, ``unix://``, or
+            ``redis+sentinel://`` for a Sentinel-managed master, see
+            :mod:`busmq.topology`). Empty means: start an embedded ``redis-server``
+            persisting to ``data_dir``.
         data_dir: data directory of the embedded Redis.
         operation_timeout: upper bound in seconds for any single operation.
         lease_seconds: how long an attachment lasts without renewal; clients renew it
@@ -64,6 +41,11 @@ class BusSettings:
         health_interval: seconds between health probes of each shard.
         reconnect_backoff_max: cap in seconds of the exponential reconnect backoff.
         dedupe_seconds: how long a push ``request_id`` is remembered for idempotent retries.
+        durability: when a push counts as acknowledged (``"async"``, ``"replicas=N"``,
+            ``"fsync"``; see :mod:`busmq.durability`); pushes may ask for another.
+        durability_timeout: how long a push waits for replicas or the fsync to confirm
+            it before raising :class:`~busmq.errors.DurabilityError` (at most half the
+            operation timeout).
     """
 
     redis_urls: tuple[str, ...] = ()
@@ -77,8 +59,11 @@ class BusSettings:
     health_interval: float = 1.0
     reconnect_backoff_max: float = 5.0
     dedupe_seconds: float = 600.0
+    durability: Durability = Durability.ASYNC
+    durability_timeout: float = 1.0
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "durability", Durability.parse(self.durability))
         for url in self.redis_urls:
             validate_redis_url(url)
         if len(set(self.redis_urls)) != len(self.redis_urls):
@@ -93,6 +78,7 @@ class BusSettings:
             "health_interval": self.health_interval,
             "reconnect_backoff_max": self.reconnect_backoff_max,
             "dedupe_seconds": self.dedupe_seconds,
+            "durability_timeout": self.durability_timeout,
         }
         for name, value in positive.items():
             if value <= 0:
@@ -101,8 +87,8 @@ class BusSettings:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> BusSettings:
         """Build settings from the environment: ``BUSMQ_REDIS_URLS`` (comma-separated),
-        ``BUSMQ_DATA_DIR``, and ``BUSMQ_<FIELD>`` for every numeric field (for example
-        ``BUSMQ_LEASE_SECONDS=5``)."""
+        ``BUSMQ_DATA_DIR``, ``BUSMQ_DURABILITY``, and ``BUSMQ_<FIELD>`` for every numeric
+        field (for example ``BUSMQ_LEASE_SECONDS=5``)."""
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {}
         urls = tuple(u.strip() for u in env.get("BUSMQ_REDIS_URLS", "").split(",") if u.strip())
@@ -110,9 +96,11 @@ class BusSettings:
             values["redis_urls"] = urls
         if env.get("BUSMQ_DATA_DIR"):
             values["data_dir"] = Path(env["BUSMQ_DATA_DIR"])
+        if env.get("BUSMQ_DURABILITY"):
+            values["durability"] = Durability.parse(env["BUSMQ_DURABILITY"])
         for f in fields(cls):
             raw = env.get(f"BUSMQ_{f.name.upper()}")
-            if raw is None or f.name in ("redis_urls", "data_dir"):
+            if raw is None or f.name in ("redis_urls", "data_dir", "durability"):
                 continue
             kind = int if f.type in (int, "int") else float
             try:
@@ -121,6 +109,15 @@ class BusSettings:
                 raise ValueError(f"BUSMQ_{f.name.upper()} must be a number, got {raw!r}") from None
         return cls(**values)
 
+    @property
+    def durability_wait(self) -> float:
+        """The confirmation wait in force: ``durability_timeout``, capped at half the
+        operation timeout so a slow confirmation is reported, not timed out."""
+        return min(self.durability_timeout, self.operation_timeout / 2)
+
     def __repr__(self) -> str:
         urls = ", ".join(mask_url(u) for u in self.redis_urls)
-        return f"BusSettings(redis_urls=[{urls}], data_dir={str(self.data_dir)!r})"
+        return (
+            f"BusSettings(redis_urls=[{urls}], data_dir={str(self.data_dir)!r}, "
+            f"durability={str(self.durability)!r})"
+        )

@@ -11,6 +11,7 @@ idempotent are retried here, and only within the timeout.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
 import logging
 import random
@@ -25,17 +26,21 @@ import redis.exceptions as rex
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from .durability import Durability
 from .errors import (
     BusClosedError,
     BusError,
     BusTimeoutError,
     BusUnavailableError,
+    DurabilityUnsupportedError,
     RedisCommandError,
 )
 from .events import Event, EventHub
-from .mux import Endpoint, MuxClient, ReplyTimeoutError
+from .mux import Command, Endpoint, MuxClient, ReplyTimeoutError
 from .notifier import Notifier
+from .sentinel import check_service, master_pool, sentinel_client
 from .settings import BusSettings, mask_url
+from .topology import SentinelTarget, is_sentinel_url, parse_sentinel_url
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -65,6 +70,35 @@ def _with_fast_packing(base: type[Any]) -> type[Any]:
     return FastPacking
 
 
+def _shortfall(confirm: Command, reply: Any, durability: Durability, timeout: float) -> str | None:
+    """Why the ``WAIT``/``WAITAOF`` ``reply`` does not confirm ``durability``, or None."""
+    if isinstance(reply, rex.RedisError):
+        return f"{confirm[0]!r} failed: {reply}"
+    if confirm[0] == b"WAIT":
+        acked = int(reply)
+        if acked >= durability.replicas:
+            return None
+        return (
+            f"{acked} of {durability.replicas} replica(s) acknowledged the push within {timeout:g}s"
+        )
+    local, replicas = int(reply[0]), int(reply[1])
+    if local >= 1 and replicas >= durability.replicas:
+        return None
+    return (
+        f"the master fsynced it {'' if local else 'not '}and {replicas} of "
+        f"{durability.replicas} replica(s) did within {timeout:g}s"
+    )
+
+
+def _is_wrong_node(exc: rex.ResponseError) -> bool:
+    """Whether Redis refused a command because it is not (or no longer) a writable
+    master; scripts report it inside their error text."""
+    text = str(exc)
+    return isinstance(exc, rex.ReadOnlyError | rex.MasterDownError) or any(
+        code in text for code in ("READONLY ", "MASTERDOWN ")
+    )
+
+
 def _raw_reply(response: Any, **options: Any) -> Any:
     return response
 
@@ -77,7 +111,10 @@ class ShardState(enum.Enum):
 
 
 def shard_identity(url: str) -> str:
-    """A shard's identity for placement: its URL without credentials or query."""
+    """A shard's identity for placement: its URL without credentials or query (for a
+    Sentinel shard: its Sentinels and service name)."""
+    if is_sentinel_url(url):
+        return parse_sentinel_url(url).identity
     parts = urlsplit(url)
     if parts.scheme == "unix":
         return f"unix://{parts.path}"
@@ -95,29 +132,52 @@ class Shard:
         self.identity = shard_identity(url)
         self._settings = settings
         self._events = events
+        self.sentinel: SentinelTarget | None = None
+        self._sentinel_client = None
         # Commands never block in Redis (idle consumers wait on the notifier), so a
         # bounded pool serves any number of consumers; callers queue for a connection
         # within their operation timeout.
-        pool = aioredis.BlockingConnectionPool.from_url(
-            url,
-            max_connections=settings.max_connections,
-            timeout=None,
-            retry=Retry(NoBackoff(), 0),
-            socket_timeout=None,  # every call is bounded by Shard.run's asyncio.timeout
-            socket_connect_timeout=settings.operation_timeout,
-        )
+        if is_sentinel_url(url):
+            self.sentinel = parse_sentinel_url(url)
+            self._sentinel_client = sentinel_client(self.sentinel, settings.operation_timeout)
+            pool: aioredis.ConnectionPool = master_pool(
+                self.sentinel,
+                self._sentinel_client,
+                max_connections=settings.max_connections,
+                connect_timeout=settings.operation_timeout,
+            )
+        else:
+            pool = aioredis.BlockingConnectionPool.from_url(
+                url,
+                max_connections=settings.max_connections,
+                timeout=None,
+                retry=Retry(NoBackoff(), 0),
+                socket_timeout=None,  # every call is bounded by Shard.run's asyncio.timeout
+                socket_connect_timeout=settings.operation_timeout,
+            )
         pool.connection_class = _with_fast_packing(pool.connection_class)
         self.client: aioredis.Redis = aioredis.Redis(connection_pool=pool)
         # Stream reads are decoded by busmq (message.decode_raw), not redis-py's callbacks.
         for command in ("XREAD", "XREADGROUP"):
             self.client.set_response_callback(command, _raw_reply)
         endpoint = Endpoint.from_pool(pool, self.label)
+        if self.sentinel is not None:
+            endpoint = dataclasses.replace(endpoint, locate=self._master_address)
         # Push, read and ack share one auto-pipelined connection (see busmq.mux).
         self.mux = MuxClient(
             endpoint,
             reply_timeout=settings.operation_timeout,
             connect_timeout=settings.operation_timeout,
         )
+        # Pushes that wait for replicas or an fsync (WAIT, WAITAOF) block the connection
+        # they are sent on until confirmed: they get a connection of their own.
+        self.durable_mux = MuxClient(
+            endpoint,
+            reply_timeout=settings.operation_timeout,
+            connect_timeout=settings.operation_timeout,
+        )
+        self._fsync_support: tuple[object, Command | str | None] | None = None
+        self.last_error: BaseException | None = None
         self.notifier = Notifier(
             endpoint,
             connect_timeout=settings.operation_timeout,
@@ -130,6 +190,14 @@ class Shard:
         self._monitor: asyncio.Task[None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
+
+    async def check_topology(self) -> None:
+        """Fail fast on a deployment that is not what the URL says (:class:`TopologyError`):
+        for now, a Sentinel service name no reachable Sentinel knows."""
+        if self.sentinel is not None and self._sentinel_client is not None:
+            await check_service(
+                self._sentinel_client, self.sentinel, self._settings.operation_timeout
+            )
 
     def start(self) -> None:
         self._monitor = asyncio.create_task(self._monitor_loop(), name=f"busmq-health {self.label}")
@@ -149,8 +217,11 @@ class Shard:
             await asyncio.gather(self._monitor, return_exceptions=True)
         await self.notifier.close()
         await self.mux.aclose()
+        await self.durable_mux.aclose()
         await self.client.aclose()
         await self.client.connection_pool.disconnect()
+        if self._sentinel_client is not None:
+            await self._sentinel_client.aclose()
 
     # -- health --------------------------------------------------------------------------
 
@@ -160,6 +231,8 @@ class Shard:
             try:
                 async with asyncio.timeout(self._settings.operation_timeout):
                     await self.client.ping()
+                    if self.sentinel is not None:
+                        await self._follow_master()
             except (*CONNECTION_ERRORS, rex.ResponseError) as exc:
                 self.report_failure(exc)
                 delay = backoff * (0.5 + random.random() / 2)
@@ -176,6 +249,33 @@ class Shard:
                     await self._wake_monitor.wait()
             except TimeoutError:
                 pass
+
+    async def _master_address(self) -> tuple[str, int]:
+        """The master's address, from the Sentinels (redis-py's pool drops its idle
+        connections when it changed)."""
+        pool: Any = self.client.connection_pool
+        host, port = await pool.get_master_address()
+        return str(host), int(port)
+
+    async def _follow_master(self) -> None:
+        """Move the hot-path connections and the notifier to the master the Sentinels
+        name now, if they are on another server (a demoted master still answers)."""
+        master = await self._master_address()
+        for mux in (self.mux, self.durable_mux):
+            address = mux.address
+            if address is not None and address != master:
+                log.warning("redis shard %s: master moved to %s:%s", self.label, *master)
+                mux.drop("the master moved")
+        self.notifier.follow(master)
+
+    def _wrong_node(self, exc: BaseException) -> None:
+        """A command reached a server that is no longer the master (``READONLY``, or a
+        replica cut off from its master, ``MASTERDOWN``). Nothing was applied: drop the
+        connections so the next call finds the new master."""
+        self.report_failure(exc)
+        for mux in (self.mux, self.durable_mux):
+            mux.drop("the server is not the master")
+        self.notifier.follow(None)
 
     async def _drop_idle_connections(self) -> None:
         """Close the pooled connections left from before an outage so calls reconnect.
@@ -194,6 +294,7 @@ class Shard:
         """Mark the shard offline after a failed call and have the monitor probe it now."""
         if self.state is ShardState.CLOSED:
             return
+        self.last_error = exc
         if self.state is not ShardState.OFFLINE:
             log.warning("redis shard %s offline: %s", self.label, exc)
             self._events.emit(Event("error", self.label, error=exc))
@@ -245,7 +346,9 @@ class Shard:
             try:
                 return await call(mux)
             except rex.ResponseError as exc:
-                raise RedisCommandError(str(exc)) from exc
+                if not _is_wrong_node(exc):
+                    raise RedisCommandError(str(exc)) from exc
+                self._wrong_node(exc)
             except ReplyTimeoutError:
                 raise self._timed_out(budget) from None
             except CONNECTION_ERRORS as exc:
@@ -254,6 +357,69 @@ class Shard:
                     raise BusUnavailableError(f"redis unreachable: {exc}", self.label) from exc
             budget = max(0.0, budget - (time.monotonic() - started))
         return await self._bounded(call, mux, idempotent, budget)
+
+    async def run_durable(
+        self, sha: str, source: str, keys: list[str], args: list[Any], durability: Durability
+    ) -> tuple[Any, str | None]:
+        """Run a writing script, then confirm it at ``durability`` on the same connection
+        (``WAIT``, ``WAITAOF``). Returns the script's reply and, if the confirmation fell
+        short within ``durability_timeout``, why (the write was applied all the same).
+        Like :meth:`run_fast` with ``idempotent=False``: nothing is sent twice, except
+        after a refusal that proves nothing was applied."""
+        confirm = await self._confirmation(durability)
+        if confirm is None:  # the server fsyncs every write before it answers
+            return await self.run_fast(
+                lambda mux: mux.run_script(sha, source, keys, args), idempotent=False
+            ), None
+        reply, after = await self._bounded(
+            lambda mux: mux.run_script_then(sha, source, keys, args, confirm),
+            self.durable_mux,
+            False,
+            self._settings.operation_timeout,
+        )
+        return reply, _shortfall(confirm, after, durability, self._settings.durability_wait)
+
+    async def _confirmation(self, durability: Durability) -> Command | None:
+        timeout_ms = max(1, int(self._settings.durability_wait * 1000))
+        if not durability.fsync:
+            return (b"WAIT", durability.replicas, timeout_ms)
+        support = await self._fsync_support_now()
+        if isinstance(support, str):
+            raise DurabilityUnsupportedError(f"fsync durability on {self.label}: {support}")
+        if support is None:
+            return (b"WAIT", durability.replicas, timeout_ms) if durability.replicas else None
+        return (b"WAITAOF", 1, durability.replicas, timeout_ms)
+
+    async def _fsync_support_now(self) -> Command | str | None:
+        """How this server confirms an fsync: ``WAITAOF`` (Redis 7.2+), ``None`` when it
+        fsyncs every write (``appendfsync always``), or why it cannot (a string).
+        Asked once per master (a failover may bring one configured otherwise)."""
+        where = self.durable_mux.address or self.mux.address or self.url
+        if self._fsync_support is not None and self._fsync_support[0] == where:
+            return self._fsync_support[1]
+
+        async def ask(client: aioredis.Redis) -> Command | str | None:
+            info = await client.info("server")
+            version = tuple(int(p) for p in str(info["redis_version"]).split(".")[:2])
+            if version >= (7, 2):
+                return (b"WAITAOF",)
+            try:
+                config = await client.config_get("append*")
+            except rex.ResponseError as exc:
+                version_text = info["redis_version"]
+                return f"Redis {version_text} has no WAITAOF and refuses CONFIG GET ({exc})"
+            appendonly, appendfsync = config.get("appendonly"), config.get("appendfsync")
+            if appendonly == "yes" and appendfsync == "always":
+                return None
+            return (
+                f"Redis {info['redis_version']} has no WAITAOF (7.2+) and does not fsync every "
+                f"write (appendonly {appendonly}, appendfsync {appendfsync}); use Redis 7.2+ or "
+                "appendonly yes with appendfsync always"
+            )
+
+        support = await self.run(ask, idempotent=True)
+        self._fsync_support = (where, support)
+        return support
 
     async def _bounded(
         self, call: Callable[[C], Awaitable[T]], client: C, idempotent: bool, budget: float
@@ -279,7 +445,11 @@ class Shard:
             try:
                 return await call(client)
             except rex.ResponseError as exc:
-                raise RedisCommandError(str(exc)) from exc
+                if not _is_wrong_node(exc):
+                    raise RedisCommandError(str(exc)) from exc
+                self._wrong_node(exc)  # not applied: safe to send again
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 0.5)
             except ReplyTimeoutError:
                 raise TimeoutError from None  # as if the operation timeout ran out
             except CONNECTION_ERRORS as exc:

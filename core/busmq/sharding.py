@@ -4,7 +4,7 @@ Each name ranks every shard by a hash of (shard, name). A new queue goes to the
 first-ranked shard; adding a shard only moves the names for which the new shard
 ranks first (about 1/N of them). Existing queues are never stranded: the bus looks
 for a queue on the shards in rank order and uses the first one that already holds
-it (see ``Bus._locate``).
+it (see :mod:`busmq.placement`).
 """
 
 from __future__ import annotations

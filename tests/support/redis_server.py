@@ -62,6 +62,7 @@ class RedisServer:
         username: str | None = None,
         unix_socket: bool = False,
         tls: Tls | None = None,
+        extra_args: tuple[str, ...] = (),
     ) -> None:
         if username is not None and password is None:
             raise ValueError("an ACL user needs a password")
@@ -71,6 +72,7 @@ class RedisServer:
         self.password = password
         self.username = username
         self.tls = tls
+        self.extra_args = extra_args
         self._socket_dir: str | None = None
         self.socket_path = self._socket_path() if unix_socket else ""
         self.process: asyncio.subprocess.Process | None = None
@@ -120,7 +122,7 @@ class RedisServer:
             args += ["--user", self.username, "on", f">{self.password}", "~*", "&*", "+@all"]
         elif self.password is not None:
             args += ["--requirepass", self.password]
-        return args
+        return args + list(self.extra_args)
 
     async def start(self, timeout: float = 10.0) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,7 @@
 Options are parsed and checked here (in the driver, before any job runs); executors
 then read and write with a sync ``redis.Redis`` client, which is what runs simplest
 inside Spark's Python workers. Placement is busmq's: rendezvous hashing over the
-shard list, probing in rank order for a queue that already exists (``Bus._locate``).
+shard list, probing in rank order for a queue that already exists (:mod:`busmq.placement`).
 """
 
 from __future__ import annotations

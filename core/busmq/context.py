@@ -1,0 +1,26 @@
+"""What the bus's objects (queues, consumers, channels, services, persistables) need
+from the bus that made them, as a protocol: they depend on these parts, not on
+:class:`~busmq.bus.Bus`, which composes them."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from .placement import Placement
+    from .queue import Queue
+    from .scripts import Scripts
+    from .settings import BusSettings
+
+
+class BusContext(Protocol):
+    settings: BusSettings
+    client_id: str
+    """Unique per bus instance: names this process's attachments and consumers."""
+    scripts: Scripts
+    placement: Placement
+    attached: set[Queue]
+    """Queues attached through this bus, whose leases it renews."""
+
+    @property
+    def closed(self) -> bool: ...

@@ -1,0 +1,170 @@
+"""The Redis deployments a bus can run on, read from their URLs.
+
+- ``redis://``, ``rediss://``, ``unix://``: one standalone server per URL (a shard).
+- ``redis+sentinel://[user:password@]host:port[,host:port...]/SERVICE[?db=N]``: one shard
+  that is the master Sentinel names ``SERVICE``, followed across failovers
+  (``rediss+sentinel://`` for TLS). Query options: ``db``, ``sentinel_username``,
+  ``sentinel_password`` (when the Sentinels require auth), ``sentinel_ssl`` (``yes`` or
+  ``no``; default: as the data nodes), ``client_name`` and the ``ssl_*`` options of
+  ``rediss://`` URLs.
+
+This module only parses and validates; :mod:`busmq.shard` connects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
+
+STANDALONE_SCHEMES = ("redis", "rediss", "unix")
+SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
+SCHEMES = STANDALONE_SCHEMES + SENTINEL_SCHEMES
+
+_SENTINEL_OPTIONS = ("db", "sentinel_username", "sentinel_password", "sentinel_ssl", "client_name")
+_SSL_OPTIONS = (
+    "ssl_ca_certs",
+    "ssl_certfile",
+    "ssl_keyfile",
+    "ssl_cert_reqs",
+    "ssl_check_hostname",
+)
+
+
+def mask_url(url: str) -> str:
+    """Return ``url`` with any password (in the user part or the query) replaced by
+    ``***``: safe for logs and reprs."""
+    scheme, netloc, path, query, fragment = urlsplit(url)
+    if "@" in netloc:
+        login, hosts = netloc.rsplit("@", 1)
+        if ":" in login:
+            login = login.split(":", 1)[0] + ":***"
+        netloc = f"{login}@{hosts}"
+    if "password" in query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        query = "&".join(f"{k}={'***' if 'password' in k else v}" for k, v in pairs)
+    return urlunsplit((scheme, netloc, path, query, fragment))
+
+
+@dataclass(frozen=True)
+class SentinelTarget:
+    """A Sentinel-managed master, as a ``redis+sentinel://`` URL names it."""
+
+    url: str
+    sentinels: tuple[tuple[str, int], ...]
+    service: str
+    db: int = 0
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    sentinel_username: str | None = None
+    sentinel_password: str | None = field(default=None, repr=False)
+    tls: bool = False
+    sentinel_tls: bool = False
+    client_name: str | None = None
+    ssl_options: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def identity(self) -> str:
+        """Placement identity: the Sentinels (sorted) and the service, not the master's
+        address, which changes on failover."""
+        hosts = ",".join(f"{h}:{p}" for h, p in sorted(self.sentinels))
+        return f"sentinel://{hosts}/{self.service}/{self.db}"
+
+
+def is_sentinel_url(url: str) -> bool:
+    return urlsplit(url).scheme in SENTINEL_SCHEMES
+
+
+def validate_redis_url(url: str) -> str:
+    """Check that ``url`` names a Redis deployment busmq can use; raise ``ValueError``
+    with the reason otherwise."""
+    if not isinstance(url, str) or not url:
+        raise ValueError(f"a Redis URL must be a non-empty string, got {url!r}")
+    parts = urlsplit(url)
+    if parts.scheme in SENTINEL_SCHEMES:
+        parse_sentinel_url(url)
+    elif parts.scheme not in STANDALONE_SCHEMES:
+        raise ValueError(
+            f"unsupported Redis URL scheme in {mask_url(url)!r}: use one of {', '.join(SCHEMES)}"
+        )
+    elif parts.scheme == "unix":
+        if not parts.path:
+            raise ValueError(f"unix Redis URL {mask_url(url)!r} has no socket path")
+    elif not parts.hostname:
+        raise ValueError(f"Redis URL {mask_url(url)!r} has no host")
+    return url
+
+
+def parse_sentinel_url(url: str) -> SentinelTarget:
+    """Read a ``redis+sentinel://`` / ``rediss+sentinel://`` URL; ``ValueError`` names
+    what is wrong with it."""
+    shown = mask_url(url)
+    parts = urlsplit(url)
+    if parts.scheme not in SENTINEL_SCHEMES:
+        raise ValueError(f"{shown!r} is not a redis+sentinel:// URL")
+    login, _, hosts = parts.netloc.rpartition("@")
+    username, password = _login(login)
+    sentinels = tuple(_host_port(h, shown) for h in hosts.split(",") if h.strip())
+    if not sentinels:
+        raise ValueError(f"Sentinel URL {shown!r} names no Sentinel (host:port,...)")
+    if len(set(sentinels)) != len(sentinels):
+        raise ValueError(f"Sentinel URL {shown!r} lists a Sentinel twice")
+    service = unquote(parts.path.strip("/"))
+    if not service or "/" in service:
+        raise ValueError(
+            f"Sentinel URL {shown!r} needs the master's service name as its path "
+            "(redis+sentinel://host:port[,host:port]/SERVICE)"
+        )
+    options = dict(parse_qsl(parts.query, keep_blank_values=True))
+    unknown = sorted(set(options) - set(_SENTINEL_OPTIONS) - set(_SSL_OPTIONS))
+    if unknown:
+        raise ValueError(f"Sentinel URL {shown!r}: unknown option(s) {', '.join(unknown)}")
+    tls = parts.scheme == "rediss+sentinel"
+    ssl_options = tuple((k, v) for k, v in options.items() if k in _SSL_OPTIONS)
+    if ssl_options and not tls:
+        raise ValueError(f"Sentinel URL {shown!r}: ssl_* options need rediss+sentinel://")
+    return SentinelTarget(
+        url=url,
+        sentinels=sentinels,
+        service=service,
+        db=_db(options.get("db"), shown),
+        username=username,
+        password=password,
+        sentinel_username=options.get("sentinel_username") or None,
+        sentinel_password=options.get("sentinel_password") or None,
+        tls=tls,
+        sentinel_tls=_flag(options.get("sentinel_ssl"), tls, "sentinel_ssl", shown),
+        client_name=options.get("client_name") or None,
+        ssl_options=ssl_options,
+    )
+
+
+def _login(login: str) -> tuple[str | None, str | None]:
+    if not login:
+        return None, None
+    user, sep, password = login.partition(":")
+    return (unquote(user) or None), (unquote(password) if sep else None)
+
+
+def _host_port(text: str, shown: str) -> tuple[str, int]:
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"Sentinel URL {shown!r}: {text.strip()!r} is not host:port")
+    return host.strip("[]"), int(port)
+
+
+def _db(raw: str | None, shown: str) -> int:
+    if raw is None or raw == "":
+        return 0
+    if not raw.isdigit():
+        raise ValueError(f"Redis URL {shown!r}: db must be a non-negative integer, got {raw!r}")
+    return int(raw)
+
+
+def _flag(raw: str | None, default: bool, name: str, shown: str) -> bool:
+    if raw is None or raw == "":
+        return default
+    if raw.lower() in ("yes", "true", "1"):
+        return True
+    if raw.lower() in ("no", "false", "0"):
+        return False
+    raise ValueError(f"Redis URL {shown!r}: {name} must be yes or no, got {raw!r}")

@@ -1,0 +1,142 @@
+"""Sentinel failover under load: a master SIGKILLed mid-stream while a producer pushes
+and an at-least-once consumer acks. Real master, replicas and Sentinels.
+
+With ``replicas=1`` every acknowledged push must be consumed; with ``async`` the test
+measures (and prints) how many acknowledged pushes the failover lost: that is the loss
+window the documentation quotes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import pytest
+
+from busmq import Bus, BusError, Durability, Mode
+from tests.support.sentinel import SentinelGroup
+from tests.support.waiting import eventually
+
+TOTAL = 20_000
+PRODUCERS = 16
+KILL_AFTER = 6_000
+
+MakeBus = Callable[..., Awaitable[Bus]]
+
+
+@dataclass
+class Run:
+    acknowledged: dict[int, int] = field(default_factory=dict)  # n -> id push returned
+    retried: set[int] = field(default_factory=set)  # n whose first push failed
+    delivered: dict[int, set[int]] = field(default_factory=lambda: defaultdict(set))  # n -> ids
+    deliveries: int = 0
+    push_errors: int = 0
+    events: list[tuple[str, float]] = field(default_factory=list)
+
+
+async def produce(bus: Bus, run: Run, durability: Durability, killed: asyncio.Event) -> None:
+    queue = bus.queue("orders")
+    numbers = iter(range(TOTAL))
+
+    async def producer() -> None:
+        for n in numbers:
+            while True:
+                try:
+                    ids = await queue.push_batch(
+                        [{"n": n}], request_id=f"order-{n}", durability=durability
+                    )
+                except BusError:  # may be stored: the retry with the same request_id is deduped
+                    run.retried.add(n)
+                    run.push_errors += 1
+                    await asyncio.sleep(0.05)
+                    continue
+                run.acknowledged[n] = ids[0]
+                break
+            if len(run.acknowledged) >= KILL_AFTER:
+                killed.set()
+
+    await asyncio.gather(*(producer() for _ in range(PRODUCERS)))
+
+
+async def consume(bus: Bus, run: Run) -> None:
+    queue = bus.queue("orders")
+    async with queue.consume(Mode.AT_LEAST_ONCE, prefetch=200, visibility_timeout=2.0) as consumer:
+        async for delivery in consumer:
+            run.deliveries += 1
+            run.delivered[delivery.data["n"]].add(delivery.id)
+            # An ack lost in the failover: the delivery comes again (a redelivery).
+            with contextlib.suppress(BusError):
+                await delivery.ack()
+
+
+async def failover_under_load(
+    group: SentinelGroup, make_bus: MakeBus, durability: Durability
+) -> Run:
+    """Push TOTAL messages while consuming, SIGKILL the master after KILL_AFTER were
+    acknowledged, and consume until the queue is empty on the new master."""
+    run = Run()
+    bus = await make_bus([group.url], durability=durability)
+    started = time.monotonic()
+    bus.events.on(lambda e: run.events.append((e.kind, time.monotonic() - started)))
+    async with bus.queue("orders") as queue:
+        killed = asyncio.Event()
+        consumer = asyncio.create_task(consume(bus, run))
+        producer = asyncio.create_task(produce(bus, run, durability, killed))
+        try:
+            await killed.wait()
+            old_master = group.master
+            old_master.kill()
+            await old_master.wait_exit()
+            assert await group.wait_failover() is not old_master
+            await asyncio.wait_for(producer, 120)
+
+            async def drained() -> bool:
+                return await queue.count() == 0  # every stored message consumed and acked
+
+            await eventually(drained, timeout=60, what="queue drained on the new master")
+        finally:
+            for task in (producer, consumer):
+                task.cancel()
+            await asyncio.gather(producer, consumer, return_exceptions=True)
+    return run
+
+
+@pytest.mark.slow
+async def test_replicas_1_loses_no_acknowledged_push_across_a_failover(
+    sentinel_group: SentinelGroup, make_bus: MakeBus
+) -> None:
+    run = await failover_under_load(sentinel_group, make_bus, Durability(replicas=1))
+
+    assert len(run.acknowledged) == TOTAL
+    missing = [n for n, i in run.acknowledged.items() if i not in run.delivered.get(n, ())]
+    assert not missing, f"{len(missing)} acknowledged pushes never consumed, e.g. {missing[:5]}"
+    # A message is stored once: a second id for the same message is only possible when
+    # its first push failed ambiguously and was lost with the old master, then retried.
+    twice = {n for n, ids in run.delivered.items() if len(ids) > 1}
+    assert twice <= run.retried, f"stored twice without a retry: {sorted(twice - run.retried)[:5]}"
+    kinds = [k for k, _ in run.events]
+    assert "offline" in kinds
+    assert "online" in kinds[kinds.index("offline") :]
+    offline = next(t for k, t in run.events if k == "offline")
+    online = next(t for k, t in run.events if k == "online" and t > offline)
+    print(
+        f"\nreplicas=1: {TOTAL} acknowledged, all consumed; {run.push_errors} push errors "
+        f"retried; {run.deliveries - len(run.delivered)} redeliveries; "
+        f"offline for {online - offline:.2f}s"
+    )
+
+
+@pytest.mark.slow
+async def test_async_durability_reports_its_loss_window(
+    sentinel_group: SentinelGroup, make_bus: MakeBus
+) -> None:
+    run = await failover_under_load(sentinel_group, make_bus, Durability.ASYNC)
+    assert len(run.acknowledged) == TOTAL
+    lost = [n for n, i in run.acknowledged.items() if i not in run.delivered.get(n, ())]
+    # Not asserted to be zero: acknowledged by the master alone, what it had not yet
+    # sent to the promoted replica is gone. This is the figure the docs quote.
+    print(f"\nasync: {len(lost)} of {TOTAL} acknowledged pushes lost in the failover")
