@@ -4,8 +4,10 @@
 # is on PATH), so no system Redis is needed; python3-venv is installed with apt-get if
 # the interpreter lacks it.
 #   scripts/setup.sh          busmq and the gateway (what scripts/run.sh needs)
-#   scripts/setup.sh --dev    also the dev and test tools, PySpark, and a Java runtime
-#                             (openjdk-17-jre-headless) if `java` is missing
+#   scripts/setup.sh --dev    also the dev and test tools, PySpark, a Java runtime
+#                             (openjdk-17-jre-headless) if `java` is missing, and Redis 7
+#                             (redis-server, which also runs Sentinels) if `redis-server`
+#                             is missing: the Sentinel tests need a real deployment
 # Safe to run again: it only installs what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +17,7 @@ dev=false
 need_apt=()
 if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then need_apt+=(python3-venv); fi
 if $dev && ! command -v java >/dev/null 2>&1; then need_apt+=(openjdk-17-jre-headless); fi
+if $dev && ! command -v redis-server >/dev/null 2>&1; then need_apt+=(redis-server); fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""
   [ "$(id -u)" -eq 0 ] || SUDO="sudo"

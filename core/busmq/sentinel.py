@@ -14,7 +14,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import redis
 import redis.exceptions as rex
+import redis.sentinel
 from redis.asyncio.connection import BlockingConnectionPool
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
@@ -62,6 +64,35 @@ def master_pool(
     if target.tls:
         kwargs |= {"ssl": True, **_ssl_kwargs(target)}
     return SentinelBlockingPool(target.service, sentinel, **kwargs)  # type: ignore[no-untyped-call]
+
+
+def sync_master_client(
+    target: SentinelTarget, *, connect_timeout: float, timeout: float
+) -> redis.Redis:
+    """A sync redis-py client of ``target``'s master (for the Spark data source, whose
+    Python workers run plain sync code)."""
+    sentinel_kwargs: dict[str, Any] = {"socket_timeout": connect_timeout}
+    if target.sentinel_username:
+        sentinel_kwargs["username"] = target.sentinel_username
+    if target.sentinel_password:
+        sentinel_kwargs["password"] = target.sentinel_password
+    if target.sentinel_tls:
+        sentinel_kwargs |= {"ssl": True, **_ssl_kwargs(target)}
+    sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+        list(target.sentinels), sentinel_kwargs=sentinel_kwargs
+    )
+    kwargs: dict[str, Any] = {
+        "db": target.db,
+        "username": target.username,
+        "password": target.password,
+        "client_name": target.client_name,
+        "socket_connect_timeout": connect_timeout,
+        "socket_timeout": timeout,
+    }
+    if target.tls:
+        kwargs |= {"ssl": True, **_ssl_kwargs(target)}
+    client: redis.Redis = sentinel.master_for(target.service, **kwargs)  # type: ignore[no-untyped-call]
+    return client
 
 
 def _ssl_kwargs(target: SentinelTarget) -> dict[str, Any]:

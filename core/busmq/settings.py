@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .durability import Durability
-from .topology import mask_url, validate_redis_url
+from .topology import mask_url, split_urls, validate_redis_url
 
 __all__ = ["BusSettings", "default_data_dir", "mask_url", "validate_redis_url"]
 
@@ -91,7 +91,7 @@ class BusSettings:
         field (for example ``BUSMQ_LEASE_SECONDS=5``)."""
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {}
-        urls = tuple(u.strip() for u in env.get("BUSMQ_REDIS_URLS", "").split(",") if u.strip())
+        urls = split_urls(env.get("BUSMQ_REDIS_URLS", ""))
         if urls:
             values["redis_urls"] = urls
         if env.get("BUSMQ_DATA_DIR"):

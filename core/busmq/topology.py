@@ -13,6 +13,7 @@ This module only parses and validates; :mod:`busmq.shard` connects.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
@@ -20,6 +21,7 @@ STANDALONE_SCHEMES = ("redis", "rediss", "unix")
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 SCHEMES = STANDALONE_SCHEMES + SENTINEL_SCHEMES
 
+_STARTS_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 _SENTINEL_OPTIONS = ("db", "sentinel_username", "sentinel_password", "sentinel_ssl", "client_name")
 _SSL_OPTIONS = (
     "ssl_ca_certs",
@@ -68,6 +70,21 @@ class SentinelTarget:
         address, which changes on failover."""
         hosts = ",".join(f"{h}:{p}" for h, p in sorted(self.sentinels))
         return f"sentinel://{hosts}/{self.service}/{self.db}"
+
+
+def split_urls(text: str) -> tuple[str, ...]:
+    """Split a comma-separated list of Redis URLs, as in ``BUSMQ_REDIS_URLS``. A piece
+    with no ``scheme://`` continues the URL before it: the host list of a Sentinel URL
+    (``redis+sentinel://h1:26379,h2:26379/svc,redis://other:6379`` is two URLs)."""
+    urls: list[str] = []
+    for piece in (p.strip() for p in text.split(",")):
+        if not piece:
+            continue
+        if urls and not _STARTS_URL.match(piece):
+            urls[-1] += "," + piece
+        else:
+            urls.append(piece)
+    return tuple(urls)
 
 
 def is_sentinel_url(url: str) -> bool:

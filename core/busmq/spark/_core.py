@@ -17,9 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 from ..keys import QueueKeys, validate_name
 from ..message import F_HEADERS, F_KIND, F_PAYLOAD, F_TIME, PayloadKind
+from ..sentinel import sync_master_client
 from ..settings import mask_url, validate_redis_url
 from ..shard import shard_identity
 from ..sharding import rank
+from ..topology import is_sentinel_url, parse_sentinel_url, split_urls
 
 if TYPE_CHECKING:
     import redis
@@ -52,7 +54,7 @@ def parse_urls(options: Mapping[str, str]) -> tuple[str, ...]:
     raw = _get(options, "redis_urls")
     if not raw or not raw.strip():
         raise OptionError("option 'redis_urls' is required (comma-separated shard URLs)")
-    urls = tuple(u.strip() for u in raw.split(",") if u.strip())
+    urls = split_urls(raw)
     for url in urls:
         try:
             validate_redis_url(url)
@@ -130,8 +132,11 @@ def parse_choice(options: Mapping[str, str], name: str, choices: Sequence[str]) 
 
 
 def client(url: str) -> redis.Redis:
+    """A sync client of the shard ``url`` (of its current master, for a Sentinel URL)."""
     import redis
 
+    if is_sentinel_url(url):
+        return sync_master_client(parse_sentinel_url(url), connect_timeout=5.0, timeout=30.0)
     return redis.Redis.from_url(url, socket_connect_timeout=5.0, socket_timeout=30.0)
 
 
