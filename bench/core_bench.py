@@ -53,8 +53,13 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from _redis import LocalRedis, local_redis, machine_busy_seconds  # bench/ is sys.path[0]
-from busmq import Bus, BusError, BusSettings, Consumer, Mode, Queue
+from _redis import (  # bench/ is sys.path[0]
+    LocalRedis,
+    RedisTarget,
+    local_redis,
+    machine_busy_seconds,
+)
+from busmq import Bus, BusError, BusSettings, Consumer, Durability, Mode, Queue
 
 STAMP = struct.Struct("<qq")  # send time (perf_counter_ns), per-queue sequence number
 SCENARIOS = ("amo", "alo", "rate")
@@ -89,6 +94,7 @@ class Config:
     drain_timeout: float
     max_connections: int
     bus_settings: tuple[tuple[str, float], ...]
+    durability: str = "async"
 
 
 @dataclass(slots=True)
@@ -300,7 +306,7 @@ async def wait_quiet(threshold: float, limit: float) -> float:
             return other
 
 
-async def measure(run: Run, server: LocalRedis, result: Result) -> None:
+async def measure(run: Run, server: RedisTarget, result: Result) -> None:
     """Let the run warm up, then measure for ``seconds``; stops the producers at the end."""
     config = run.config
     await asyncio.sleep(config.warmup)
@@ -442,7 +448,7 @@ async def busmq_consume(run: Run, lane: Lane, consumer: Consumer, ack_every: int
             take(lane, delivery.payload)
 
 
-async def run_busmq(config: Config, server: LocalRedis, scenario: str) -> Result:
+async def run_busmq(config: Config, server: RedisTarget, scenario: str) -> Result:
     result = Result("busmq", scenario)
     run = Run(config)
     overrides: dict[str, Any] = dict(config.bus_settings)
@@ -451,6 +457,9 @@ async def run_busmq(config: Config, server: LocalRedis, scenario: str) -> Result
     if config.max_connections:
         overrides["max_connections"] = config.max_connections
         result.notes.append(f"BusSettings(max_connections={config.max_connections})")
+    if config.durability != "async":
+        overrides["durability"] = Durability.parse(config.durability)
+        result.notes.append(f"durability {config.durability}")
     bus = Bus(BusSettings(redis_urls=(server.url,), **overrides))
     await bus.connect()
     consumers: list[Consumer] = []
