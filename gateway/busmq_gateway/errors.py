@@ -24,6 +24,7 @@ federation client first of all) rebuilds the exception without parsing the messa
     HANDLER_FAILED      service, error_type, detail (the handler's message)
     REQUEST_TIMEOUT     service, correlation_id, timeout
     NOT_ATTEMPTED       queue (a push of a PushMany skipped after an earlier failure)
+    DURABILITY_NOT_CONFIRMED  ids (comma-separated: stored, maybe not durably), shard
 """
 
 from __future__ import annotations
@@ -65,6 +66,12 @@ TABLE: tuple[tuple[type[BaseException], grpc.StatusCode, str], ...] = (
     (core.ChannelStateError, grpc.StatusCode.FAILED_PRECONDITION, "CHANNEL_STATE"),
     (core.ServiceError, grpc.StatusCode.ABORTED, "HANDLER_FAILED"),
     (core.RequestTimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED, "REQUEST_TIMEOUT"),
+    (core.DurabilityError, grpc.StatusCode.UNAVAILABLE, "DURABILITY_NOT_CONFIRMED"),
+    (
+        core.DurabilityUnsupportedError,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "DURABILITY_UNSUPPORTED",
+    ),
     (core.BusTimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED, "REDIS_TIMEOUT"),
     (core.BusUnavailableError, grpc.StatusCode.UNAVAILABLE, "REDIS_UNAVAILABLE"),
     (core.BusClosedError, grpc.StatusCode.UNAVAILABLE, "SHUTTING_DOWN"),
@@ -114,6 +121,8 @@ def error_metadata(exc: BaseException) -> dict[str, str]:
         return {"size": str(exc.size), "limit": str(exc.limit)}
     if isinstance(exc, core.QueueFullError):
         return {"queue": exc.queue, "max_backlog": str(exc.limit)}
+    if isinstance(exc, core.DurabilityError):
+        return {"ids": ",".join(str(i) for i in exc.ids), "shard": exc.shard}
     if isinstance(exc, core.QueueNotFoundError | core.NotAttachedError):
         return {"queue": exc.queue}
     if isinstance(exc, core.ModeConflictError):

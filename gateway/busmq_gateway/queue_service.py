@@ -120,7 +120,9 @@ class QueueService(pb_grpc.QueueServiceServicer):
         ``Push``, and each push of a ``PushMany``."""
         encoded = outgoing_batch(request.messages, self._bus.settings.max_message_bytes)
         queue = self._bus.queue(request.queue)
-        return await queue.push_encoded(encoded, request_id=request.request_id or None)
+        return await queue.push_encoded(
+            encoded, request_id=request.request_id or None, durability=request.durability or None
+        )
 
     @unary
     async def PushMany(

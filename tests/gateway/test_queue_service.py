@@ -603,3 +603,25 @@ async def test_push_many_can_stop_a_queue_at_its_first_failure_for_ordered_sende
     assert [o.error.code for o in again if o.HasField("error")] == [
         grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
     ] * 3
+
+
+async def test_a_push_asks_for_its_durability(gateway: GatewayUnderTest) -> None:
+    """The redis_server has no replicas and fsyncs every write (appendfsync always)."""
+    await attach(gateway, "durable")
+
+    async def push(durability: str) -> pb.PushResponse:
+        request = pb.PushRequest(queue="durable", messages=[text("x")], durability=durability)
+        response: pb.PushResponse = await gateway.queues.Push(request, metadata=AUTH)
+        return response
+
+    assert list((await push("fsync")).ids) == [1]
+    with pytest.raises(grpc.aio.AioRpcError) as short:
+        await push("replicas=1")
+    assert short.value.code() is grpc.StatusCode.UNAVAILABLE
+    info = error_info(short.value)
+    assert info.reason == "DURABILITY_NOT_CONFIRMED" and info.metadata["ids"] == "2"
+    with pytest.raises(grpc.aio.AioRpcError) as bad:
+        await push("eventually")
+    assert bad.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    info = await gateway.queues.GetQueue(pb.GetQueueRequest(queue="durable"), metadata=AUTH)
+    assert info.count == 2  # the unconfirmed push is stored all the same; the bad one is not

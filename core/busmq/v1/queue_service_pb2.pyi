@@ -58,14 +58,16 @@ class DetachQueueResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class PushRequest(_message.Message):
-    __slots__ = ("queue", "messages", "request_id")
+    __slots__ = ("queue", "messages", "request_id", "durability")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    DURABILITY_FIELD_NUMBER: _ClassVar[int]
     queue: str
     messages: _containers.RepeatedCompositeFieldContainer[_types_pb2.OutgoingMessage]
     request_id: str
-    def __init__(self, queue: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_types_pb2.OutgoingMessage, _Mapping]]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    durability: str
+    def __init__(self, queue: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_types_pb2.OutgoingMessage, _Mapping]]] = ..., request_id: _Optional[str] = ..., durability: _Optional[str] = ...) -> None: ...
 
 class PushResponse(_message.Message):
     __slots__ = ("ids", "duplicate")
