@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -82,6 +83,7 @@ class Queue:
         self._keys = QueueKeys(self.name)
         self._shard: Shard | None = None
         self._member: str | None = None
+        self._detaching: asyncio.Future[None] | None = None
         self._auto_renew = True
         self._consumers: set[Consumer] = set()
         self.events: EventHub[Event] = EventHub()
@@ -137,19 +139,27 @@ class Queue:
         return bool(created)
 
     async def detach(self) -> None:
-        """Stop this client's consumers and release the attachment."""
+        """Stop this client's consumers and release the attachment. Safe to call
+        concurrently: a second call waits for the first one's release."""
+        if self._detaching is not None:
+            await asyncio.shield(self._detaching)
+            return
         if self._member is None:
             return
-        for consumer in tuple(self._consumers):
-            await consumer.close()
+        # Taken before the first await, so an overlapping detach sees it gone.
         member, self._member = self._member, None
+        self._detaching = asyncio.get_running_loop().create_future()
         self._bus.attached.discard(self)
         try:
+            for consumer in tuple(self._consumers):
+                await consumer.close()
             await self._run(
                 lambda c: self._bus.scripts.call(c, "detach", self._keys.all(), [member]),
                 idempotent=True,
             )
         finally:
+            self._detaching.set_result(None)
+            self._detaching = None
             self.events.emit(Event("detached", self.name))
 
     async def renew(self) -> bool:

@@ -355,6 +355,8 @@ class Shard:
                 self.report_failure(exc)
                 if not idempotent:
                     raise BusUnavailableError(f"redis unreachable: {exc}", self.label) from exc
+            except rex.RedisError as exc:  # refused by the client itself (e.g. DataError)
+                raise RedisCommandError(f"redis client error: {exc}") from exc
             budget = max(0.0, budget - (time.monotonic() - started))
         return await self._bounded(call, mux, idempotent, budget)
 
@@ -458,6 +460,8 @@ class Shard:
                     raise BusUnavailableError(f"redis unreachable: {exc}", self.label) from exc
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 0.5)
+            except rex.RedisError as exc:  # refused by the client itself (e.g. DataError)
+                raise RedisCommandError(f"redis client error: {exc}") from exc
 
     def translate(self, exc: BaseException) -> BusError:
         """Turn a redis-py error raised outside :meth:`run` into a busmq error."""

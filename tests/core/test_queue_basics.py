@@ -181,3 +181,38 @@ async def test_an_unattached_handle_pushes_and_consumes_on_an_existing_queue(bus
         assert await producer.push("from a handle") == 1
         async with producer.consume(max=1) as consumer:
             assert [d.data async for d in consumer] == ["from a handle"]
+
+
+async def test_overlapping_detaches_release_the_attachment_once(
+    bus: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+
+    from busmq import Event, Mode
+
+    queue = bus.queue("detached-twice")
+    await queue.attach()
+    consumer = queue.consume(Mode.AT_LEAST_ONCE)
+    await consumer.start()
+    release, inside = asyncio.Event(), asyncio.Event()
+    close = consumer.close
+
+    async def held_close() -> None:
+        inside.set()
+        await release.wait()  # the first detach is held inside its await
+        await close()
+
+    monkeypatch.setattr(consumer, "close", held_close)
+    events: list[Event] = []
+    queue.events.on(events.append)
+    first = asyncio.create_task(queue.detach())
+    await inside.wait()
+    second = asyncio.create_task(queue.detach())
+    await asyncio.sleep(0)  # the second detach reaches its wait on the first
+    assert not second.done()
+    release.set()
+    await asyncio.gather(first, second)
+    assert [e.kind for e in events].count("detached") == 1
+    assert not queue.attached and queue not in bus.attached
+    assert await queue.ttl() is not None  # the attachment was released, the queue remains
+    await queue.detach()  # a third, after the fact: nothing to do
