@@ -32,17 +32,8 @@ class SentinelBlockingPool(SentinelConnectionPool, BlockingConnectionPool):
 
 def sentinel_client(target: SentinelTarget, timeout: float) -> Sentinel:
     """redis-py's Sentinel client for ``target``'s Sentinels."""
-    kwargs: dict[str, Any] = {
-        "socket_timeout": timeout,
-        "socket_connect_timeout": timeout,
-        "retry": Retry(NoBackoff(), 0),
-    }
-    if target.sentinel_username:
-        kwargs["username"] = target.sentinel_username
-    if target.sentinel_password:
-        kwargs["password"] = target.sentinel_password
-    if target.sentinel_tls:
-        kwargs |= {"ssl": True, **_ssl_kwargs(target)}
+    kwargs = _sentinel_kwargs(target, timeout)
+    kwargs |= {"socket_connect_timeout": timeout, "retry": Retry(NoBackoff(), 0)}
     return Sentinel(list(target.sentinels), sentinel_kwargs=kwargs)  # type: ignore[no-untyped-call]
 
 
@@ -71,13 +62,7 @@ def sync_master_client(
 ) -> redis.Redis:
     """A sync redis-py client of ``target``'s master (for the Spark data source, whose
     Python workers run plain sync code)."""
-    sentinel_kwargs: dict[str, Any] = {"socket_timeout": connect_timeout}
-    if target.sentinel_username:
-        sentinel_kwargs["username"] = target.sentinel_username
-    if target.sentinel_password:
-        sentinel_kwargs["password"] = target.sentinel_password
-    if target.sentinel_tls:
-        sentinel_kwargs |= {"ssl": True, **_ssl_kwargs(target)}
+    sentinel_kwargs = _sentinel_kwargs(target, connect_timeout)
     sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
         list(target.sentinels), sentinel_kwargs=sentinel_kwargs
     )
@@ -93,6 +78,18 @@ def sync_master_client(
         kwargs |= {"ssl": True, **_ssl_kwargs(target)}
     client: redis.Redis = sentinel.master_for(target.service, **kwargs)  # type: ignore[no-untyped-call]
     return client
+
+
+def _sentinel_kwargs(target: SentinelTarget, timeout: float) -> dict[str, Any]:
+    """How to reach and log in to the Sentinels themselves."""
+    kwargs: dict[str, Any] = {"socket_timeout": timeout}
+    if target.sentinel_username:
+        kwargs["username"] = target.sentinel_username
+    if target.sentinel_password:
+        kwargs["password"] = target.sentinel_password
+    if target.sentinel_tls:
+        kwargs |= {"ssl": True, **_ssl_kwargs(target)}
+    return kwargs
 
 
 def _ssl_kwargs(target: SentinelTarget) -> dict[str, Any]:

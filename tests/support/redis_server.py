@@ -26,6 +26,17 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+async def terminate(process: asyncio.subprocess.Process, grace: float = 10.0) -> None:
+    """SIGTERM ``process`` (ours, by PID), SIGKILL it after ``grace`` seconds, reap it."""
+    if process.returncode is None:
+        process.terminate()
+        try:
+            await asyncio.wait_for(process.wait(), grace)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+
+
 def redis_binary() -> str:
     """``$BUSMQ_TEST_REDIS_SERVER``, else the one the embedded Redis would use."""
     from busmq.embedded import find_redis_server
@@ -170,13 +181,7 @@ class RedisServer:
     async def stop(self) -> None:
         if self.process is None:
             return
-        if self.process.returncode is None:
-            self.process.terminate()
-            try:
-                await asyncio.wait_for(self.process.wait(), 10)
-            except TimeoutError:
-                self.process.kill()
-                await self.process.wait()
+        await terminate(self.process)
         self.process = None
         if self._socket_dir is not None:
             shutil.rmtree(self._socket_dir, ignore_errors=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import redis.asyncio as aioredis
 
-from tests.support.redis_server import RedisServer, free_port, redis_binary
+from tests.support.redis_server import RedisServer, free_port, redis_binary, terminate
 from tests.support.waiting import eventually
 
 SERVICE = "busmq-test"
@@ -48,15 +48,8 @@ class SentinelProcess:
         return aioredis.Redis(host="127.0.0.1", port=self.port, decode_responses=True)
 
     async def stop(self) -> None:
-        if self.process is None:
-            return
-        if self.process.returncode is None:
-            self.process.terminate()
-            try:
-                await asyncio.wait_for(self.process.wait(), 10)
-            except TimeoutError:
-                self.process.kill()
-                await self.process.wait()
+        if self.process is not None:
+            await terminate(self.process)
         self.process = None
 
 
