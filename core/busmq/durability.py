@@ -16,8 +16,12 @@ A push that was applied but not confirmed as durable in time raises
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
+
+import redis.asyncio as aioredis
+import redis.exceptions as rex
 
 
 @dataclass(frozen=True)
@@ -72,3 +76,68 @@ class Durability:
 
 Durability.ASYNC = Durability()
 Durability.FSYNC = Durability(fsync=True)
+
+
+@dataclass(frozen=True)
+class FsyncSupport:
+    """How a server confirms an fsync: ``WAITAOF`` (Redis 7.2+), or not at all because
+    it fsyncs every write before answering; ``problem`` says why it can do neither."""
+
+    waitaof: bool = False
+    problem: str | None = None
+
+
+async def fsync_support(client: aioredis.Redis) -> FsyncSupport:
+    """Ask the server (``INFO``, ``CONFIG GET``) how it can confirm an fsync."""
+    info = await client.info("server")
+    version = str(info["redis_version"])
+    if tuple(int(p) for p in version.split(".")[:2]) >= (7, 2):
+        return FsyncSupport(waitaof=True)
+    try:
+        config = await client.config_get("append*")
+    except rex.ResponseError as exc:
+        return FsyncSupport(
+            problem=f"Redis {version} has no WAITAOF and refuses CONFIG GET ({exc})"
+        )
+    appendonly, appendfsync = config.get("appendonly"), config.get("appendfsync")
+    if appendonly == "yes" and appendfsync == "always":
+        return FsyncSupport()
+    return FsyncSupport(
+        problem=f"Redis {version} has no WAITAOF (7.2+) and does not fsync every write "
+        f"(appendonly {appendonly}, appendfsync {appendfsync}); use Redis 7.2+ or "
+        "appendonly yes with appendfsync always"
+    )
+
+
+def confirmation(
+    level: Durability, support: FsyncSupport | None, timeout: float
+) -> tuple[Any, ...] | None:
+    """The command that confirms ``level`` after a write (``WAIT`` or ``WAITAOF``), or
+    ``None`` when the reply itself does (a server that fsyncs every write). ``support``
+    is needed for fsync levels only."""
+    timeout_ms = max(1, int(timeout * 1000))
+    if level.fsync:
+        assert support is not None and support.problem is None
+        if support.waitaof:
+            return (b"WAITAOF", 1, level.replicas, timeout_ms)
+        if not level.replicas:
+            return None
+    return (b"WAIT", level.replicas, timeout_ms)
+
+
+def shortfall(command: Sequence[Any], reply: Any, level: Durability, timeout: float) -> str | None:
+    """Why ``reply`` to the confirming ``command`` falls short of ``level``, or None."""
+    if isinstance(reply, rex.RedisError):
+        return f"{command[0]!r} failed: {reply}"
+    if command[0] == b"WAIT":
+        acked = int(reply)
+        if acked >= level.replicas:
+            return None
+        return f"{acked} of {level.replicas} replica(s) acknowledged the push within {timeout:g}s"
+    local, replicas = int(reply[0]), int(reply[1])
+    if local >= 1 and replicas >= level.replicas:
+        return None
+    return (
+        f"the master fsynced it {'' if local else 'not '}and {replicas} of "
+        f"{level.replicas} replica(s) did within {timeout:g}s"
+    )

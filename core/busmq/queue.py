@@ -301,8 +301,7 @@ class Queue:
                     lambda c: self._bus.scripts.call(c, "push", keys, args), idempotent=False
                 )
             else:
-                shard = self._shard or await self._locate()
-                self._shard = shard
+                shard = await self._located()
                 sha, source = self._bus.scripts.source("push")
                 reply, shortfall = await shard.run_durable(sha, source, keys, args, level)
                 first, duplicate = reply
@@ -315,7 +314,7 @@ class Queue:
             raise DurabilityError(
                 f"push to {self.name!r} applied but not confirmed {level}: {shortfall}; "
                 "it may be stored: retry with the same request_id",
-                self._shard.label if self._shard else "",
+                shard.label,
                 ids,
             )
         return PushResult(ids, bool(duplicate))
@@ -461,15 +460,19 @@ class Queue:
         *,
         idempotent: bool,
     ) -> T:
-        shard = self._shard or await self._locate()
-        self._shard = shard
+        shard = await self._located()
         return await shard.run(call, idempotent=idempotent)
 
     async def _run_fast(self, call: Callable[[MuxClient], Awaitable[T]], *, idempotent: bool) -> T:
         """:meth:`_run` for the hot paths (see :meth:`Shard.run_fast`)."""
-        shard = self._shard or await self._locate()
-        self._shard = shard
+        shard = await self._located()
         return await shard.run_fast(call, idempotent=idempotent)
+
+    async def _located(self) -> Shard:
+        """The queue's shard, located on first use (and again after it was lost)."""
+        if self._shard is None:
+            self._shard = await self._locate()
+        return self._shard
 
     async def _locate(self) -> Shard:
         return await self._bus.placement.locate(self.name, self._keys.info)

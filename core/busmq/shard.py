@@ -24,9 +24,10 @@ import hiredis
 import redis.asyncio as aioredis
 import redis.exceptions as rex
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 
-from .durability import Durability
+from .durability import Durability, FsyncSupport, confirmation, fsync_support, shortfall
 from .errors import (
     BusClosedError,
     BusError,
@@ -36,7 +37,7 @@ from .errors import (
     RedisCommandError,
 )
 from .events import Event, EventHub
-from .mux import Command, Endpoint, MuxClient, ReplyTimeoutError
+from .mux import Endpoint, MuxClient, ReplyTimeoutError
 from .notifier import Notifier
 from .sentinel import check_service, master_pool, sentinel_client
 from .settings import BusSettings, mask_url
@@ -68,26 +69,6 @@ def _with_fast_packing(base: type[Any]) -> type[Any]:
 
     FastPacking.__name__ = f"FastPacking{base.__name__}"
     return FastPacking
-
-
-def _shortfall(confirm: Command, reply: Any, durability: Durability, timeout: float) -> str | None:
-    """Why the ``WAIT``/``WAITAOF`` ``reply`` does not confirm ``durability``, or None."""
-    if isinstance(reply, rex.RedisError):
-        return f"{confirm[0]!r} failed: {reply}"
-    if confirm[0] == b"WAIT":
-        acked = int(reply)
-        if acked >= durability.replicas:
-            return None
-        return (
-            f"{acked} of {durability.replicas} replica(s) acknowledged the push within {timeout:g}s"
-        )
-    local, replicas = int(reply[0]), int(reply[1])
-    if local >= 1 and replicas >= durability.replicas:
-        return None
-    return (
-        f"the master fsynced it {'' if local else 'not '}and {replicas} of "
-        f"{durability.replicas} replica(s) did within {timeout:g}s"
-    )
 
 
 def _is_wrong_node(exc: rex.ResponseError) -> bool:
@@ -133,7 +114,7 @@ class Shard:
         self._settings = settings
         self._events = events
         self.sentinel: SentinelTarget | None = None
-        self._sentinel_client = None
+        self._sentinel_client: Sentinel | None = None
         # Commands never block in Redis (idle consumers wait on the notifier), so a
         # bounded pool serves any number of consumers; callers queue for a connection
         # within their operation timeout.
@@ -176,7 +157,7 @@ class Shard:
             reply_timeout=settings.operation_timeout,
             connect_timeout=settings.operation_timeout,
         )
-        self._fsync_support: tuple[object, Command | str | None] | None = None
+        self._fsync_cache: tuple[object, FsyncSupport] | None = None
         self.last_error: BaseException | None = None
         self.notifier = Notifier(
             endpoint,
@@ -194,7 +175,7 @@ class Shard:
     async def check_topology(self) -> None:
         """Fail fast on a deployment that is not what the URL says (:class:`TopologyError`):
         for now, a Sentinel service name no reachable Sentinel knows."""
-        if self.sentinel is not None and self._sentinel_client is not None:
+        if self._sentinel_client is not None and self.sentinel is not None:
             await check_service(
                 self._sentinel_client, self.sentinel, self._settings.operation_timeout
             )
@@ -368,7 +349,11 @@ class Shard:
         short within ``durability_timeout``, why (the write was applied all the same).
         Like :meth:`run_fast` with ``idempotent=False``: nothing is sent twice, except
         after a refusal that proves nothing was applied."""
-        confirm = await self._confirmation(durability)
+        support = await self._fsync_support() if durability.fsync else None
+        if support is not None and support.problem is not None:
+            raise DurabilityUnsupportedError(f"fsync durability on {self.label}: {support.problem}")
+        wait = self._settings.durability_wait
+        confirm = confirmation(durability, support, wait)
         if confirm is None:  # the server fsyncs every write before it answers
             return await self.run_fast(
                 lambda mux: mux.run_script(sha, source, keys, args), idempotent=False
@@ -379,48 +364,17 @@ class Shard:
             False,
             self._settings.operation_timeout,
         )
-        return reply, _shortfall(confirm, after, durability, self._settings.durability_wait)
+        return reply, shortfall(confirm, after, durability, wait)
 
-    async def _confirmation(self, durability: Durability) -> Command | None:
-        timeout_ms = max(1, int(self._settings.durability_wait * 1000))
-        if not durability.fsync:
-            return (b"WAIT", durability.replicas, timeout_ms)
-        support = await self._fsync_support_now()
-        if isinstance(support, str):
-            raise DurabilityUnsupportedError(f"fsync durability on {self.label}: {support}")
-        if support is None:
-            return (b"WAIT", durability.replicas, timeout_ms) if durability.replicas else None
-        return (b"WAITAOF", 1, durability.replicas, timeout_ms)
-
-    async def _fsync_support_now(self) -> Command | str | None:
-        """How this server confirms an fsync: ``WAITAOF`` (Redis 7.2+), ``None`` when it
-        fsyncs every write (``appendfsync always``), or why it cannot (a string).
-        Asked once per master (a failover may bring one configured otherwise)."""
+    async def _fsync_support(self) -> FsyncSupport:
+        """How this shard's master confirms an fsync, asked once per master (a failover
+        may bring one configured otherwise)."""
         where = self.durable_mux.address or self.mux.address or self.url
-        if self._fsync_support is not None and self._fsync_support[0] == where:
-            return self._fsync_support[1]
-
-        async def ask(client: aioredis.Redis) -> Command | str | None:
-            info = await client.info("server")
-            version = tuple(int(p) for p in str(info["redis_version"]).split(".")[:2])
-            if version >= (7, 2):
-                return (b"WAITAOF",)
-            try:
-                config = await client.config_get("append*")
-            except rex.ResponseError as exc:
-                version_text = info["redis_version"]
-                return f"Redis {version_text} has no WAITAOF and refuses CONFIG GET ({exc})"
-            appendonly, appendfsync = config.get("appendonly"), config.get("appendfsync")
-            if appendonly == "yes" and appendfsync == "always":
-                return None
-            return (
-                f"Redis {info['redis_version']} has no WAITAOF (7.2+) and does not fsync every "
-                f"write (appendonly {appendonly}, appendfsync {appendfsync}); use Redis 7.2+ or "
-                "appendonly yes with appendfsync always"
-            )
-
-        support = await self.run(ask, idempotent=True)
-        self._fsync_support = (where, support)
+        cached = self._fsync_cache
+        if cached is not None and cached[0] == where:
+            return cached[1]
+        support = await self.run(fsync_support, idempotent=True)
+        self._fsync_cache = (where, support)
         return support
 
     async def _bounded(
