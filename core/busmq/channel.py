@@ -19,24 +19,30 @@ it expires after the ttl like any queue).
 from __future__ import annotations
 
 import asyncio
-import collections
-import enum
-import json
 import logging
-import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from .channel_protocol import (
+    CONTROL_HEADER,
+    QUEUE_INFIX,
+    ChannelState,
+    Handler,
+    channel_queue_name,
+    check_encoded_headers,
+    check_headers,
+    validate_role,
+)
 from .consumer import Consumer, Mode
 from .errors import (
     BusError,
     ChannelEndedError,
     ChannelStateError,
-    InvalidMessageError,
     InvalidNameError,
     QueueNotFoundError,
 )
 from .events import Event, EventHub
+from .inbox import Inbox
 from .keys import MAX_NAME_LENGTH, validate_name
 from .message import Delivery, EncodedMessage, Payload
 from .queue import PushResult, Queue
@@ -44,47 +50,11 @@ from .queue import PushResult, Queue
 if TYPE_CHECKING:
     from .context import BusContext
 
+__all__ = ["Channel", "ChannelState"]
+
 log = logging.getLogger(__name__)
 
-CONTROL_HEADER = "busmq-control"
-"""Header that marks a control message; its value is ``connect``, ``disconnect`` or ``end``."""
-RESERVED_HEADER_PREFIX = "busmq-"
-QUEUE_INFIX = ":to:"
-MAX_ROLE_LENGTH = 40
-_ROLE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@/-]*")
 _DISCONNECT_DRAIN_SECONDS = 0.5
-
-Handler = Callable[[Delivery], Awaitable[object]]
-
-
-class ChannelState(enum.Enum):
-    """Where one end stands: ``idle`` (never connected), ``connected``,
-    ``disconnected`` (may connect again) or ``ended`` (final)."""
-
-    IDLE = "idle"
-    CONNECTED = "connected"
-    DISCONNECTED = "disconnected"
-    ENDED = "ended"
-
-
-def validate_role(role: str) -> str:
-    """Return ``role`` if it is a valid channel role, else raise :class:`InvalidNameError`.
-
-    A role is 1-40 ASCII letters, digits and ``_ . @ / -`` (no ``:``, which separates
-    the parts of the queue names), starting with a letter or digit.
-    """
-    if not isinstance(role, str) or not _ROLE.fullmatch(role) or len(role) > MAX_ROLE_LENGTH:
-        raise InvalidNameError(
-            str(role),
-            f"a role is 1-{MAX_ROLE_LENGTH} ASCII letters, digits and _ . @ / - "
-            "(starting with a letter or digit)",
-        )
-    return role
-
-
-def channel_queue_name(channel: str, role: str) -> str:
-    """The queue that the end playing ``role`` of ``channel`` consumes."""
-    return f"{channel}{QUEUE_INFIX}{role}"
 
 
 class Channel:
@@ -150,7 +120,7 @@ class Channel:
         self._outbound: Queue | None = None
         self._consumer: Consumer | None = None
         self._pump: asyncio.Task[None] | None = None
-        self._inbox = _Inbox(1)
+        self._inbox = Inbox(1)
         self._holding: Delivery | None = None
         self._lock = asyncio.Lock()
 
@@ -232,7 +202,7 @@ class Channel:
                 raise
             self._inbound, self._outbound, self._consumer = inbound, outbound, consumer
             self._mode = mode
-            self._inbox = _Inbox(prefetch)
+            self._inbox = Inbox(prefetch)
             self._state = ChannelState.CONNECTED
             self._emit("connected", role=role, mode=mode.value)
             self._pump = asyncio.create_task(
@@ -250,7 +220,7 @@ class Channel:
             InvalidMessageError: the message cannot be encoded, or uses a reserved
                 ``busmq-`` header.
         """
-        _check_headers(headers)
+        check_headers(headers)
         if self._state is ChannelState.ENDED:
             raise ChannelEndedError(self.name)
         if self._state is not ChannelState.CONNECTED or self._outbound is None:
@@ -268,7 +238,7 @@ class Channel:
         """Send already encoded messages to the peer atomically, in order (sizes are the
         caller's to check); ``request_id`` makes a retry idempotent, as for
         :meth:`Queue.push_encoded`. Raises as :meth:`send`."""
-        _check_encoded_headers(messages)
+        check_encoded_headers(messages)
         if self._state is ChannelState.ENDED:
             raise ChannelEndedError(self.name)
         if self._state is not ChannelState.CONNECTED or self._outbound is None:
@@ -286,7 +256,7 @@ class Channel:
         The queue is created if needed, so the message waits for an end of that role
         (until the channel's ttl runs out with no end attached).
         """
-        _check_headers(headers)
+        check_headers(headers)
         if role not in (self.local, self.remote):
             raise InvalidNameError(role, f"not a role of channel {self.name!r}")
         if self._state is ChannelState.ENDED:
@@ -521,97 +491,3 @@ class Channel:
 
     def _emit(self, kind: str, **details: object) -> None:
         self.events.emit(Event(kind, self.name, details=dict(details)))
-
-
-class _Inbox:
-    """The bounded buffer between the pump and the iteration. ``close()`` never blocks
-    and lets the iteration drain what is left before it ends; once ``unbounded`` (set
-    while a disconnect drains the consumer) puts never wait."""
-
-    def __init__(self, maxsize: int) -> None:
-        self._items: collections.deque[Delivery] = collections.deque()
-        self._maxsize = maxsize
-        self._closed = False
-        self._unbounded = False
-        self._readable = asyncio.Event()
-        self._writable = asyncio.Event()
-        self._writable.set()
-
-    def _can_put(self) -> bool:
-        return self._unbounded or self._closed or len(self._items) < self._maxsize
-
-    def _update(self) -> None:
-        for event, ready in (
-            (self._readable, bool(self._items) or self._closed),
-            (self._writable, self._can_put()),
-        ):
-            if ready:
-                event.set()
-            else:
-                event.clear()
-
-    async def put(self, item: Delivery) -> None:
-        while not self._can_put():
-            await self._writable.wait()
-        self._items.append(item)
-        self._update()
-
-    async def get(self) -> Delivery | None:
-        while not (self._items or self._closed):
-            await self._readable.wait()
-        if not self._items:
-            return None
-        item = self._items.popleft()
-        self._update()
-        return item
-
-    def take_all(self) -> list[Delivery]:
-        items = list(self._items)
-        self._items.clear()
-        self._update()
-        return items
-
-    def set_unbounded(self) -> None:
-        self._unbounded = True
-        self._update()
-
-    def close(self) -> None:
-        self._closed = True
-        self._update()
-
-
-async def send_encoded_to_role(
-    bus: BusContext,
-    channel: str,
-    role: str,
-    messages: Sequence[EncodedMessage],
-    *,
-    request_id: str | None = None,
-    ttl: float | None = None,
-) -> PushResult:
-    """Push encoded messages to the queue of ``role`` of ``channel`` without an end of the
-    channel in hand (what :meth:`Channel.send_to` does for one message). The queue is
-    created if needed, so the messages wait for an end of that role (until ``ttl`` runs
-    out with no end attached)."""
-    validate_name(channel)
-    validate_role(role)
-    _check_encoded_headers(messages)
-    queue = Queue(bus, channel_queue_name(channel, role))
-    await queue.attach(ttl=ttl)
-    try:
-        return await queue.push_encoded(messages, request_id=request_id)
-    finally:
-        await queue.detach()
-
-
-def _check_encoded_headers(messages: Sequence[EncodedMessage]) -> None:
-    for message in messages:
-        if message.headers:
-            _check_headers(json.loads(message.headers))
-
-
-def _check_headers(headers: Mapping[str, str] | None) -> None:
-    if headers and any(
-        isinstance(k, str) and k.startswith(RESERVED_HEADER_PREFIX) for k in headers
-    ):
-        raise InvalidMessageError(f"headers starting with {RESERVED_HEADER_PREFIX!r} are reserved")

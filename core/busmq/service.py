@@ -32,6 +32,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .batching import TickBatcher
 from .consumer import Consumer, Mode
 from .errors import (
     BusClosedError,
@@ -161,7 +162,7 @@ class Service:
         self._reply_queue: Queue | None = None
         self._reply_reader: asyncio.Task[None] | None = None
         self._pending: dict[str, _Pending] = {}
-        self._batcher = _PushBatcher(self._push_requests)
+        self._batcher = TickBatcher(self._push_requests, _MAX_BATCH)
         # Handler side.
         self._serving: dict[Consumer, asyncio.Event] = {}  # running serve() -> its end
         self._reply_queues: collections.OrderedDict[str, Queue] = collections.OrderedDict()
@@ -575,38 +576,3 @@ class _Pending:
         if isinstance(item, BaseException):
             raise item
         return item
-
-
-class _PushBatcher:
-    """Coalesces the requests made in the same event-loop tick into one push, so a
-    burst of concurrent requests costs a few round trips (and connections)."""
-
-    def __init__(self, push: Callable[[list[EncodedMessage]], Awaitable[None]]) -> None:
-        self._push = push
-        self._waiting: list[tuple[EncodedMessage, asyncio.Future[None]]] = []
-        self._task: asyncio.Task[None] | None = None
-
-    async def push(self, message: EncodedMessage) -> None:
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting.append((message, future))
-        if self._task is None:
-            self._task = asyncio.create_task(self._flush())
-        await future
-
-    async def _flush(self) -> None:
-        try:
-            while self._waiting:
-                await asyncio.sleep(0)  # let the requests of this tick join the batch
-                batch, self._waiting = self._waiting[:_MAX_BATCH], self._waiting[_MAX_BATCH:]
-                try:
-                    await self._push([message for message, _ in batch])
-                except Exception as exc:
-                    for _, future in batch:
-                        if not future.done():
-                            future.set_exception(exc)
-                else:
-                    for _, future in batch:
-                        if not future.done():
-                            future.set_result(None)
-        finally:
-            self._task = None

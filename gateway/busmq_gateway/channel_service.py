@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from busmq import Bus, BusError, Channel, Delivery, Event, Mode, UnknownMessageError
-from busmq.channel import channel_queue_name, send_encoded_to_role, validate_role
+from busmq.channel_protocol import channel_queue_name, send_encoded_to_role, validate_role
 from busmq.keys import validate_name
 from busmq.v1 import channel_service_pb2 as pb
 from busmq.v1 import channel_service_pb2_grpc as pb_grpc

@@ -8,13 +8,8 @@ from typing import Any
 import pytest
 
 from busmq import Bus, InvalidMessageError, InvalidNameError, Mode, Queue
-from busmq.channel import (
-    Channel,
-    ChannelEndedError,
-    ChannelState,
-    ChannelStateError,
-    channel_queue_name,
-)
+from busmq.channel import Channel, ChannelEndedError, ChannelStateError
+from busmq.channel_protocol import ChannelState, channel_queue_name
 from busmq.events import Event, Subscription
 from busmq.message import Delivery
 from tests.support.processes import HelperProcess

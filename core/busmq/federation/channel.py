@@ -45,14 +45,13 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from ..acks import AckBatcher
-from ..channel import (
-    Channel,
+from ..channel import Channel
+from ..channel_protocol import (
     ChannelState,
     Handler,
-    _check_encoded_headers,
-    _check_headers,
-    _Inbox,
     channel_queue_name,
+    check_encoded_headers,
+    check_headers,
 )
 from ..consumer import Mode
 from ..errors import (
@@ -65,6 +64,7 @@ from ..errors import (
     UnknownMessageError,
 )
 from ..events import Event, EventHub
+from ..inbox import Inbox
 from ..message import Delivery, EncodedMessage, Payload, encode
 from ..queue import PushResult
 from ..v1 import channel_service_pb2 as pb
@@ -120,7 +120,7 @@ class FederatedChannel:
         self._handler: Handler | None = None
         self._connection_id: str | None = None
         self._reader: asyncio.Task[None] | None = None
-        self._inbox = _Inbox(1)
+        self._inbox = Inbox(1)
         self._acks = AckBatcher(self.name, self._ack_ids)
         self._leaving = False
         self._live = asyncio.Event()  # a stream is open: the gateway knows this end
@@ -226,7 +226,7 @@ class FederatedChannel:
                 call = await self._start_stream()
             except StreamBroken as broken:
                 raise broken.error from None
-            self._inbox = _Inbox(prefetch)
+            self._inbox = Inbox(prefetch)
             self._leaving = False
             self._state = ChannelState.CONNECTED
             self._manager._attached(self, self._outbound_queue, True)
@@ -390,7 +390,7 @@ class FederatedChannel:
         Raises as :meth:`busmq.Channel.send`, and ``OutboxFullError`` if it had to wait
         and the outbox is full.
         """
-        _check_headers(headers)
+        check_headers(headers)
         limit = self._manager.bus.settings.max_message_bytes
         result = await self.send_encoded([encode(message, headers, limit)])
         return None if result is None else result.ids[0]
@@ -400,7 +400,7 @@ class FederatedChannel:
     ) -> PushResult | None:
         """Send encoded messages atomically, in order; ``None`` if they wait in the
         outbox. ``request_id`` makes a retry idempotent (a random one if not given)."""
-        _check_encoded_headers(messages)
+        check_encoded_headers(messages)
         self._require_connected()
         if not messages:
             return PushResult([], False)
@@ -423,7 +423,7 @@ class FederatedChannel:
         """Push a message to the queue of ``role`` without connecting (the queue is
         created if needed); returns its id. Direct only: raises
         ``BusUnavailableError`` while the link is down."""
-        _check_headers(headers)
+        check_headers(headers)
         if role not in (self.local, self.remote):
             raise InvalidNameError(role, f"not a role of channel {self.name!r}")
         if self._state is ChannelState.ENDED:

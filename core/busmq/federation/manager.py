@@ -16,7 +16,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, overload
 
-from ..channel import Channel, ChannelState
+from ..channel import Channel
+from ..channel_protocol import ChannelState
 from ..errors import BusError
 from ..events import Event
 from ..persistable import Persistable
