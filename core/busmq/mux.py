@@ -398,22 +398,6 @@ class MuxClient:
             await self.execute(b"SCRIPT", b"LOAD", source)
             return await self.execute(b"EVALSHA", sha, len(keys), *keys, *args)
 
-    async def run_script_then(
-        self, sha: str, source: Arg, keys: Sequence[Arg], args: Sequence[Arg], then: Command
-    ) -> tuple[Any, Any]:
-        """``EVALSHA`` followed on the same connection by ``then`` (e.g. ``WAIT``, which
-        waits for the writes of this connection); returns both replies, the second one
-        as a value even if it is an error. On ``NOSCRIPT`` the script is loaded and both
-        are sent again (NOSCRIPT means it did not run). A script error is raised."""
-        script: Command = (b"EVALSHA", sha, len(keys), *keys, *args)
-        reply, after = await self.execute_many([script, then])
-        if isinstance(reply, rex.NoScriptError):
-            await self.execute(b"SCRIPT", b"LOAD", source)
-            reply, after = await self.execute_many([script, then])
-        if isinstance(reply, rex.RedisError):
-            raise reply
-        return reply, after
-
     async def aclose(self) -> None:
         """Close the connection; pending calls fail, later calls do not reconnect."""
         self._closed = True

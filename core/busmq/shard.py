@@ -27,6 +27,7 @@ from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 
+from .confirmed import ConfirmedWrites
 from .durability import Durability, FsyncSupport, confirmation, fsync_support, shortfall
 from .errors import (
     BusClosedError,
@@ -157,6 +158,7 @@ class Shard:
             reply_timeout=settings.operation_timeout,
             connect_timeout=settings.operation_timeout,
         )
+        self._confirmed = ConfirmedWrites(self.durable_mux)
         self._fsync_cache: tuple[object, FsyncSupport] | None = None
         self.last_error: BaseException | None = None
         self.notifier = Notifier(
@@ -359,8 +361,8 @@ class Shard:
                 lambda mux: mux.run_script(sha, source, keys, args), idempotent=False
             ), None
         reply, after = await self._bounded(
-            lambda mux: mux.run_script_then(sha, source, keys, args, confirm),
-            self.durable_mux,
+            lambda writes: writes.run_script(sha, source, keys, args, confirm),
+            self._confirmed,
             False,
             self._settings.operation_timeout,
         )
