@@ -16,12 +16,14 @@ A push that was applied but not confirmed as durable in time raises
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import redis.asyncio as aioredis
 import redis.exceptions as rex
+
+from .mux import MuxClient
 
 
 @dataclass(frozen=True)
@@ -87,18 +89,19 @@ class FsyncSupport:
     problem: str | None = None
 
 
-async def fsync_support(client: aioredis.Redis) -> FsyncSupport:
+async def fsync_support(mux: MuxClient) -> FsyncSupport:
     """Ask the server (``INFO``, ``CONFIG GET``) how it can confirm an fsync."""
-    info = await client.info("server")
-    version = str(info["redis_version"])
-    if tuple(int(p) for p in version.split(".")[:2]) >= (7, 2):
+    info = await mux.execute(b"INFO", b"server")
+    found = re.search(rb"redis_version:([0-9.]+)", info)
+    version = found.group(1).decode() if found else "?"
+    if tuple(int(p) for p in version.split(".")[:2] if p.isdigit()) >= (7, 2):
         return FsyncSupport(waitaof=True)
     try:
-        config = await client.config_get("append*")
+        pairs = await mux.execute(b"CONFIG", b"GET", b"append*")
     except rex.ResponseError as exc:
-        return FsyncSupport(
-            problem=f"Redis {version} has no WAITAOF and refuses CONFIG GET ({exc})"
-        )
+        problem = f"Redis {version} has no WAITAOF and refuses CONFIG GET ({exc})"
+        return FsyncSupport(problem=problem)
+    config = {k.decode(): v.decode() for k, v in zip(pairs[::2], pairs[1::2], strict=True)}
     appendonly, appendfsync = config.get("appendonly"), config.get("appendfsync")
     if appendonly == "yes" and appendfsync == "always":
         return FsyncSupport()

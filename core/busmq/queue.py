@@ -303,7 +303,9 @@ class Queue:
             else:
                 shard = await self._located()
                 sha, source = self._bus.scripts.source("push")
-                reply, shortfall = await shard.run_durable(sha, source, keys, args, level)
+                reply, shortfall = await shard.run_durable(
+                    sha, source, keys, args, level, route=self._keys.stream
+                )
                 first, duplicate = reply
         except RedisCommandError as exc:
             raise self._script_error(exc) from None
@@ -466,7 +468,7 @@ class Queue:
     async def _run_fast(self, call: Callable[[MuxClient], Awaitable[T]], *, idempotent: bool) -> T:
         """:meth:`_run` for the hot paths (see :meth:`Shard.run_fast`)."""
         shard = await self._located()
-        return await shard.run_fast(call, idempotent=idempotent)
+        return await shard.run_fast(call, idempotent=idempotent, route=self._keys.stream)
 
     async def _located(self) -> Shard:
         """The queue's shard, located on first use (and again after it was lost)."""

@@ -17,6 +17,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -72,6 +73,15 @@ def _with_fast_packing(base: type[Any]) -> type[Any]:
     return FastPacking
 
 
+@dataclass(frozen=True)
+class Redirect:
+    """A command refused where it was sent, applied nowhere: send it again, to
+    ``client`` if given (e.g. a cluster's ``ASK`` target), else where the shard now
+    routes it."""
+
+    client: Any = None
+
+
 def _is_wrong_node(exc: rex.ResponseError) -> bool:
     """Whether Redis refused a command because it is not (or no longer) a writable
     master; scripts report it inside their error text."""
@@ -116,35 +126,10 @@ class Shard:
         self._events = events
         self.sentinel: SentinelTarget | None = None
         self._sentinel_client: Sentinel | None = None
-        # Commands never block in Redis (idle consumers wait on the notifier), so a
-        # bounded pool serves any number of consumers; callers queue for a connection
-        # within their operation timeout.
-        if is_sentinel_url(url):
-            self.sentinel = parse_sentinel_url(url)
-            self._sentinel_client = sentinel_client(self.sentinel, settings.operation_timeout)
-            pool: aioredis.ConnectionPool = master_pool(
-                self.sentinel,
-                self._sentinel_client,
-                max_connections=settings.max_connections,
-                connect_timeout=settings.operation_timeout,
-            )
-        else:
-            pool = aioredis.BlockingConnectionPool.from_url(
-                url,
-                max_connections=settings.max_connections,
-                timeout=None,
-                retry=Retry(NoBackoff(), 0),
-                socket_timeout=None,  # every call is bounded by Shard.run's asyncio.timeout
-                socket_connect_timeout=settings.operation_timeout,
-            )
-        pool.connection_class = _with_fast_packing(pool.connection_class)
-        self.client: aioredis.Redis = aioredis.Redis(connection_pool=pool)
+        self.client, endpoint = self._make_client()
         # Stream reads are decoded by busmq (message.decode_raw), not redis-py's callbacks.
         for command in ("XREAD", "XREADGROUP"):
             self.client.set_response_callback(command, _raw_reply)
-        endpoint = Endpoint.from_pool(pool, self.label)
-        if self.sentinel is not None:
-            endpoint = dataclasses.replace(endpoint, locate=self._master_address)
         # Push, read and ack share one auto-pipelined connection (see busmq.mux).
         self.mux = MuxClient(
             endpoint,
@@ -159,7 +144,7 @@ class Shard:
             connect_timeout=settings.operation_timeout,
         )
         self._confirmed = ConfirmedWrites(self.durable_mux)
-        self._fsync_cache: tuple[object, FsyncSupport] | None = None
+        self._fsync_cache: dict[object, FsyncSupport] = {}  # per master address
         self.last_error: BaseException | None = None
         self.notifier = Notifier(
             endpoint,
@@ -171,6 +156,37 @@ class Shard:
         self._online = asyncio.Event()
         self._wake_monitor = asyncio.Event()
         self._monitor: asyncio.Task[None] | None = None
+
+    def _make_client(self) -> tuple[Any, Endpoint]:
+        """The redis-py client of this deployment, and the endpoint of busmq's own
+        connections (the hot-path connection and the notifier)."""
+        settings = self._settings
+        # Commands never block in Redis (idle consumers wait on the notifier), so a
+        # bounded pool serves any number of consumers; callers queue for a connection
+        # within their operation timeout.
+        if is_sentinel_url(self.url):
+            self.sentinel = parse_sentinel_url(self.url)
+            self._sentinel_client = sentinel_client(self.sentinel, settings.operation_timeout)
+            pool: aioredis.ConnectionPool = master_pool(
+                self.sentinel,
+                self._sentinel_client,
+                max_connections=settings.max_connections,
+                connect_timeout=settings.operation_timeout,
+            )
+        else:
+            pool = aioredis.BlockingConnectionPool.from_url(
+                self.url,
+                max_connections=settings.max_connections,
+                timeout=None,
+                retry=Retry(NoBackoff(), 0),
+                socket_timeout=None,  # every call is bounded by Shard.run's asyncio.timeout
+                socket_connect_timeout=settings.operation_timeout,
+            )
+        pool.connection_class = _with_fast_packing(pool.connection_class)
+        endpoint = Endpoint.from_pool(pool, self.label)
+        if self.sentinel is not None:
+            endpoint = dataclasses.replace(endpoint, locate=self._master_address)
+        return aioredis.Redis(connection_pool=pool), endpoint
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -213,9 +229,7 @@ class Shard:
         while True:
             try:
                 async with asyncio.timeout(self._settings.operation_timeout):
-                    await self.client.ping()
-                    if self.sentinel is not None:
-                        await self._follow_master()
+                    await self._probe()
             except (*CONNECTION_ERRORS, rex.ResponseError) as exc:
                 self.report_failure(exc)
                 delay = backoff * (0.5 + random.random() / 2)
@@ -232,6 +246,12 @@ class Shard:
                     await self._wake_monitor.wait()
             except TimeoutError:
                 pass
+
+    async def _probe(self) -> None:
+        """One health check: raises a redis-py error if the deployment does not answer."""
+        await self.client.ping()
+        if self.sentinel is not None:
+            await self._follow_master()
 
     async def _master_address(self) -> tuple[str, int]:
         """The master's address, from the Sentinels (redis-py's pool drops its idle
@@ -313,25 +333,34 @@ class Shard:
         since the command may have been applied.
         """
         budget = self._settings.operation_timeout if timeout is None else timeout
-        return await self._bounded(call, self.client, idempotent, budget)
+        return await self._bounded(call, lambda: self.client, idempotent, budget)
 
-    async def run_fast(self, call: Callable[[MuxClient], Awaitable[T]], *, idempotent: bool) -> T:
-        """:meth:`run` for the hot paths, on the shard's auto-pipelined connection.
+    async def run_fast(
+        self,
+        call: Callable[[MuxClient], Awaitable[T]],
+        *,
+        idempotent: bool,
+        route: str | None = None,
+    ) -> T:
+        """:meth:`run` for the hot paths, on the shard's auto-pipelined connection (in a
+        cluster, that of the node holding the key ``route``).
 
         Same contract (operation timeout, errors, retries). The common case (shard
         online, connection up) takes no timer of its own: the connection drops itself
         when a reply is overdue, failing the call with a timeout.
         """
         budget = self._settings.operation_timeout
-        mux = self.mux
+        mux = self._mux_for(route)
+        first: MuxClient | None = None
         if self.state is ShardState.ONLINE and mux.connected:
             started = time.monotonic()
             try:
                 return await call(mux)
             except rex.ResponseError as exc:
-                if not _is_wrong_node(exc):
+                redirect = await self._redirect(exc)
+                if redirect is None:
                     raise RedisCommandError(str(exc)) from exc
-                self._wrong_node(exc)
+                first = redirect.client
             except ReplyTimeoutError:
                 raise self._timed_out(budget) from None
             except CONNECTION_ERRORS as exc:
@@ -341,50 +370,83 @@ class Shard:
             except rex.RedisError as exc:  # refused by the client itself (e.g. DataError)
                 raise RedisCommandError(f"redis client error: {exc}") from exc
             budget = max(0.0, budget - (time.monotonic() - started))
-        return await self._bounded(call, mux, idempotent, budget)
+        return await self._bounded(call, lambda: self._mux_for(route), idempotent, budget, first)
 
     async def run_durable(
-        self, sha: str, source: str, keys: list[str], args: list[Any], durability: Durability
+        self,
+        sha: str,
+        source: str,
+        keys: list[str],
+        args: list[Any],
+        durability: Durability,
+        *,
+        route: str | None = None,
     ) -> tuple[Any, str | None]:
         """Run a writing script, then confirm it at ``durability`` on the same connection
         (``WAIT``, ``WAITAOF``). Returns the script's reply and, if the confirmation fell
         short within ``durability_timeout``, why (the write was applied all the same).
         Like :meth:`run_fast` with ``idempotent=False``: nothing is sent twice, except
         after a refusal that proves nothing was applied."""
-        support = await self._fsync_support() if durability.fsync else None
+        support = await self._fsync_support(route) if durability.fsync else None
         if support is not None and support.problem is not None:
             raise DurabilityUnsupportedError(f"fsync durability on {self.label}: {support.problem}")
         wait = self._settings.durability_wait
         confirm = confirmation(durability, support, wait)
         if confirm is None:  # the server fsyncs every write before it answers
             return await self.run_fast(
-                lambda mux: mux.run_script(sha, source, keys, args), idempotent=False
+                lambda mux: mux.run_script(sha, source, keys, args), idempotent=False, route=route
             ), None
         reply, after = await self._bounded(
             lambda writes: writes.run_script(sha, source, keys, args, confirm),
-            self._confirmed,
+            lambda: self._confirmed_for(route),
             False,
             self._settings.operation_timeout,
         )
         return reply, shortfall(confirm, after, durability, wait)
 
-    async def _fsync_support(self) -> FsyncSupport:
-        """How this shard's master confirms an fsync, asked once per master (a failover
-        may bring one configured otherwise)."""
-        where = self.durable_mux.address or self.mux.address or self.url
-        cached = self._fsync_cache
-        if cached is not None and cached[0] == where:
-            return cached[1]
-        support = await self.run(fsync_support, idempotent=True)
-        self._fsync_cache = (where, support)
-        return support
+    async def _fsync_support(self, route: str | None) -> FsyncSupport:
+        """How the master holding ``route`` confirms an fsync, asked once per master (a
+        failover may bring one configured otherwise)."""
+        mux = self._mux_for(route)
+        where = mux.address or self.url
+        cached = self._fsync_cache.get(where)
+        if cached is None:
+            cached = await self.run_fast(fsync_support, idempotent=True, route=route)
+            self._fsync_cache[where] = cached
+        return cached
+
+    # -- what a deployment kind changes (see busmq.cluster) -----------------------------
+
+    def _mux_for(self, route: str | None) -> MuxClient:
+        """The hot-path connection for a call on the key ``route``."""
+        return self.mux
+
+    def _confirmed_for(self, route: str | None) -> ConfirmedWrites:
+        """The durable-push connection for a call on the key ``route``."""
+        return self._confirmed
+
+    async def _redirect(self, exc: rex.ResponseError) -> Redirect | None:
+        """Whether ``exc`` proves that the command was not applied because it reached
+        the wrong server, having redirected the shard (``None``: a real error). Here:
+        a server that is no longer the master (``READONLY``, ``MASTERDOWN``)."""
+        if not _is_wrong_node(exc):
+            return None
+        self._wrong_node(exc)
+        return Redirect()
+
+    # -- retries -------------------------------------------------------------------------
 
     async def _bounded(
-        self, call: Callable[[C], Awaitable[T]], client: C, idempotent: bool, budget: float
+        self,
+        call: Callable[[C], Awaitable[T]],
+        pick: Callable[[], C],
+        idempotent: bool,
+        budget: float,
+        first: C | None = None,
     ) -> T:
         try:
             async with asyncio.timeout(budget):
-                return await self._run(call, client, idempotent)
+                return await self._run(call, pick, idempotent, first)
         except TimeoutError:
             raise self._timed_out(budget) from None
 
@@ -393,21 +455,33 @@ class Shard:
             return BusUnavailableError(f"redis unreachable (waited {budget:.1f}s)", self.label)
         return BusTimeoutError(f"operation timed out after {budget:.1f}s", self.label)
 
-    async def _run(self, call: Callable[[C], Awaitable[T]], client: C, idempotent: bool) -> T:
+    async def _run(
+        self,
+        call: Callable[[C], Awaitable[T]],
+        pick: Callable[[], C],
+        idempotent: bool,
+        first: C | None,
+    ) -> T:
+        """Call on ``pick()`` (or on ``first``, the first time) until it succeeds, fails
+        for good, or may have been applied when it is not ``idempotent``."""
         backoff = 0.02
+        client = first
         while True:
             if self.state is ShardState.CLOSED:
                 raise BusClosedError("the bus is closed")
             if self.state is ShardState.OFFLINE:
                 await self._online.wait()
             try:
-                return await call(client)
+                return await call(client if client is not None else pick())
             except rex.ResponseError as exc:
-                if not _is_wrong_node(exc):
+                redirect = await self._redirect(exc)
+                if redirect is None:
                     raise RedisCommandError(str(exc)) from exc
-                self._wrong_node(exc)  # not applied: safe to send again
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 0.5)
+                client = redirect.client  # not applied: safe to send again
+                if redirect.client is None:
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 0.5)
+                continue
             except ReplyTimeoutError:
                 raise TimeoutError from None  # as if the operation timeout ran out
             except CONNECTION_ERRORS as exc:
@@ -418,6 +492,7 @@ class Shard:
                 backoff = min(backoff * 2, 0.5)
             except rex.RedisError as exc:  # refused by the client itself (e.g. DataError)
                 raise RedisCommandError(f"redis client error: {exc}") from exc
+            client = None
 
     def translate(self, exc: BaseException) -> BusError:
         """Turn a redis-py error raised outside :meth:`run` into a busmq error."""
