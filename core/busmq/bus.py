@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, overload
 
 from .channel import Channel
+from .cluster import ClusterShard
 from .embedded import EmbeddedRedis
 from .errors import BusClosedError, BusError, BusUnavailableError
 from .events import Event, EventHub
@@ -20,6 +21,7 @@ from .scripts import Scripts
 from .service import Service
 from .settings import BusSettings
 from .shard import Shard, ShardState
+from .topology import is_cluster_url
 
 if TYPE_CHECKING:
     from .federation import FederatedQueue, FederationManager, FederationSettings
@@ -96,7 +98,10 @@ class Bus:
             self.embedded = EmbeddedRedis(self.settings.data_dir, fsync_always=fsync_always)
             await self.embedded.start()
             urls = (self.embedded.url,)
-        self.shards = [Shard(url, self.settings, self.events) for url in urls]
+        self.shards = [
+            (ClusterShard if is_cluster_url(url) else Shard)(url, self.settings, self.events)
+            for url in urls
+        ]
         self.placement = Placement(self.shards)
         self.scripts = Scripts(self.shards[0].client)
         try:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .durability import Durability
-from .topology import mask_url, split_urls, validate_redis_url
+from .topology import mask_url, split_urls, validate_redis_url, validate_redis_urls
 
 __all__ = ["BusSettings", "default_data_dir", "mask_url", "validate_redis_url"]
 
@@ -26,9 +26,9 @@ class BusSettings:
 
     Args:
         redis_urls: one URL per shard (``redis://``, ``rediss://``, ``unix://``, or
-            ``redis+sentinel://`` for a Sentinel-managed master, see
-            :mod:`busmq.topology`). Empty means: start an embedded ``redis-server``
-            persisting to ``data_dir``.
+            ``redis+sentinel://`` for a Sentinel-managed master, or one
+            ``redis+cluster://`` URL, see :mod:`busmq.topology`). Empty means: start an
+            embedded ``redis-server`` persisting to ``data_dir``.
         data_dir: data directory of the embedded Redis.
         operation_timeout: upper bound in seconds for any single operation.
         lease_seconds: how long an attachment lasts without renewal; clients renew it
@@ -64,10 +64,7 @@ class BusSettings:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "durability", Durability.parse(self.durability))
-        for url in self.redis_urls:
-            validate_redis_url(url)
-        if len(set(self.redis_urls)) != len(self.redis_urls):
-            raise ValueError("redis_urls lists the same shard twice")
+        validate_redis_urls(self.redis_urls)
         positive = {
             "operation_timeout": self.operation_timeout,
             "lease_seconds": self.lease_seconds,

@@ -43,7 +43,7 @@ from .mux import Endpoint, MuxClient, ReplyTimeoutError
 from .notifier import Notifier
 from .sentinel import check_service, master_pool, sentinel_client
 from .settings import BusSettings, mask_url
-from .topology import SentinelTarget, is_sentinel_url, parse_sentinel_url
+from .topology import SentinelTarget, is_cluster_url, is_sentinel_url, parse_sentinel_url
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -75,11 +75,12 @@ def _with_fast_packing(base: type[Any]) -> type[Any]:
 
 @dataclass(frozen=True)
 class Redirect:
-    """A command refused where it was sent, applied nowhere: send it again, to
-    ``client`` if given (e.g. a cluster's ``ASK`` target), else where the shard now
-    routes it."""
+    """A command refused where it was sent, applied nowhere: send it again, where the
+    shard now routes it, or once to ``ask`` (a cluster's ``ASK`` target) for the calls
+    that can. ``pause``: back off first (the refusal lasts a moment, e.g. a failover)."""
 
-    client: Any = None
+    ask: tuple[str, int] | None = None
+    pause: bool = True
 
 
 def _is_wrong_node(exc: rex.ResponseError) -> bool:
@@ -107,6 +108,8 @@ def shard_identity(url: str) -> str:
     Sentinel shard: its Sentinels and service name)."""
     if is_sentinel_url(url):
         return parse_sentinel_url(url).identity
+    if is_cluster_url(url):
+        return "cluster"  # a cluster is the bus's only shard
     parts = urlsplit(url)
     if parts.scheme == "unix":
         return f"unix://{parts.path}"
@@ -217,6 +220,9 @@ class Shard:
         await self.notifier.close()
         await self.mux.aclose()
         await self.durable_mux.aclose()
+        await self._close_client()
+
+    async def _close_client(self) -> None:
         await self.client.aclose()
         await self.client.connection_pool.disconnect()
         if self._sentinel_client is not None:
@@ -333,7 +339,7 @@ class Shard:
         since the command may have been applied.
         """
         budget = self._settings.operation_timeout if timeout is None else timeout
-        return await self._bounded(call, lambda: self.client, idempotent, budget)
+        return await self._bounded(call, lambda _: self.client, idempotent, budget)
 
     async def run_fast(
         self,
@@ -351,7 +357,7 @@ class Shard:
         """
         budget = self._settings.operation_timeout
         mux = self._mux_for(route)
-        first: MuxClient | None = None
+        redirect: Redirect | None = None
         if self.state is ShardState.ONLINE and mux.connected:
             started = time.monotonic()
             try:
@@ -360,7 +366,6 @@ class Shard:
                 redirect = await self._redirect(exc)
                 if redirect is None:
                     raise RedisCommandError(str(exc)) from exc
-                first = redirect.client
             except ReplyTimeoutError:
                 raise self._timed_out(budget) from None
             except CONNECTION_ERRORS as exc:
@@ -370,7 +375,9 @@ class Shard:
             except rex.RedisError as exc:  # refused by the client itself (e.g. DataError)
                 raise RedisCommandError(f"redis client error: {exc}") from exc
             budget = max(0.0, budget - (time.monotonic() - started))
-        return await self._bounded(call, lambda: self._mux_for(route), idempotent, budget, first)
+        return await self._bounded(
+            call, lambda r: self._mux_for(route, r), idempotent, budget, redirect, asks=True
+        )
 
     async def run_durable(
         self,
@@ -398,7 +405,7 @@ class Shard:
             ), None
         reply, after = await self._bounded(
             lambda writes: writes.run_script(sha, source, keys, args, confirm),
-            lambda: self._confirmed_for(route),
+            lambda _: self._confirmed_for(route),
             False,
             self._settings.operation_timeout,
         )
@@ -417,8 +424,8 @@ class Shard:
 
     # -- what a deployment kind changes (see busmq.cluster) -----------------------------
 
-    def _mux_for(self, route: str | None) -> MuxClient:
-        """The hot-path connection for a call on the key ``route``."""
+    def _mux_for(self, route: str | None, redirect: Redirect | None = None) -> MuxClient:
+        """The hot-path connection for a call on the key ``route`` (after ``redirect``)."""
         return self.mux
 
     def _confirmed_for(self, route: str | None) -> ConfirmedWrites:
@@ -439,14 +446,16 @@ class Shard:
     async def _bounded(
         self,
         call: Callable[[C], Awaitable[T]],
-        pick: Callable[[], C],
+        pick: Callable[[Redirect | None], C],
         idempotent: bool,
         budget: float,
-        first: C | None = None,
+        redirect: Redirect | None = None,
+        *,
+        asks: bool = False,
     ) -> T:
         try:
             async with asyncio.timeout(budget):
-                return await self._run(call, pick, idempotent, first)
+                return await self._run(call, pick, idempotent, redirect, asks)
         except TimeoutError:
             raise self._timed_out(budget) from None
 
@@ -458,41 +467,41 @@ class Shard:
     async def _run(
         self,
         call: Callable[[C], Awaitable[T]],
-        pick: Callable[[], C],
+        pick: Callable[[Redirect | None], C],
         idempotent: bool,
-        first: C | None,
+        redirect: Redirect | None,
+        asks: bool,
     ) -> T:
-        """Call on ``pick()`` (or on ``first``, the first time) until it succeeds, fails
-        for good, or may have been applied when it is not ``idempotent``."""
+        """Call on ``pick(redirect)`` until it succeeds, fails for good, or may have been
+        applied when it is not ``idempotent``. ``asks``: ``pick`` follows ``ASK``
+        redirects (otherwise they are waited out like a failover)."""
         backoff = 0.02
-        client = first
         while True:
             if self.state is ShardState.CLOSED:
                 raise BusClosedError("the bus is closed")
             if self.state is ShardState.OFFLINE:
                 await self._online.wait()
             try:
-                return await call(client if client is not None else pick())
+                return await call(pick(redirect))
             except rex.ResponseError as exc:
-                redirect = await self._redirect(exc)
+                redirect = await self._redirect(exc)  # not applied: safe to send again
                 if redirect is None:
                     raise RedisCommandError(str(exc)) from exc
-                client = redirect.client  # not applied: safe to send again
-                if redirect.client is None:
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, 0.5)
-                continue
+                if redirect.ask is not None and not asks:
+                    redirect = Redirect()
+                if not redirect.pause:
+                    continue
             except ReplyTimeoutError:
                 raise TimeoutError from None  # as if the operation timeout ran out
             except CONNECTION_ERRORS as exc:
                 self.report_failure(exc)
                 if not idempotent:
                     raise BusUnavailableError(f"redis unreachable: {exc}", self.label) from exc
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 0.5)
+                redirect = None
             except rex.RedisError as exc:  # refused by the client itself (e.g. DataError)
                 raise RedisCommandError(f"redis client error: {exc}") from exc
-            client = None
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 0.5)
 
     def translate(self, exc: BaseException) -> BusError:
         """Turn a redis-py error raised outside :meth:`run` into a busmq error."""

@@ -8,18 +8,24 @@
   ``no``; default: as the data nodes), ``client_name`` and the ``ssl_*`` options of
   ``rediss://`` URLs.
 
-This module only parses and validates; :mod:`busmq.shard` connects.
+- ``redis+cluster://[user:password@]host:port[,host:port...]``: one Redis Cluster, named
+  by some of its nodes (``rediss+cluster://`` for TLS; query options ``client_name``
+  and ``ssl_*``). Its slots place the queues; it must be the bus's only URL.
+
+This module only parses and validates; :mod:`busmq.shard` and :mod:`busmq.cluster`
+connect.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
 
 STANDALONE_SCHEMES = ("redis", "rediss", "unix")
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
-SCHEMES = STANDALONE_SCHEMES + SENTINEL_SCHEMES
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+SCHEMES = STANDALONE_SCHEMES + SENTINEL_SCHEMES + CLUSTER_SCHEMES
 
 _STARTS_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 _SENTINEL_OPTIONS = ("db", "sentinel_username", "sentinel_password", "sentinel_ssl", "client_name")
@@ -87,8 +93,84 @@ def split_urls(text: str) -> tuple[str, ...]:
     return tuple(urls)
 
 
+@dataclass(frozen=True)
+class ClusterTarget:
+    """A Redis Cluster, as a ``redis+cluster://`` URL names it."""
+
+    url: str
+    seeds: tuple[tuple[str, int], ...]
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    tls: bool = False
+    client_name: str | None = None
+    ssl_options: tuple[tuple[str, str], ...] = ()
+
+    def node_url(self, host: str, port: int) -> str:
+        """A ``redis://`` (or ``rediss://``) URL of one node, with this login."""
+        login = ""
+        if self.username or self.password:
+            login = f"{quote(self.username or '', safe='')}:{quote(self.password or '', safe='')}@"
+        query = dict(self.ssl_options)
+        if self.client_name:
+            query["client_name"] = self.client_name
+        scheme = "rediss" if self.tls else "redis"
+        return f"{scheme}://{login}{host}:{port}" + (f"?{urlencode(query)}" if query else "")
+
+
 def is_sentinel_url(url: str) -> bool:
     return urlsplit(url).scheme in SENTINEL_SCHEMES
+
+
+def is_cluster_url(url: str) -> bool:
+    return urlsplit(url).scheme in CLUSTER_SCHEMES
+
+
+def parse_cluster_url(url: str) -> ClusterTarget:
+    """Read a ``redis+cluster://`` / ``rediss+cluster://`` URL; ``ValueError`` names what
+    is wrong with it."""
+    shown = mask_url(url)
+    parts = urlsplit(url)
+    if parts.scheme not in CLUSTER_SCHEMES:
+        raise ValueError(f"{shown!r} is not a redis+cluster:// URL")
+    login, _, hosts = parts.netloc.rpartition("@")
+    username, password = _login(login)
+    seeds = tuple(_host_port(h, shown) for h in hosts.split(",") if h.strip())
+    if not seeds:
+        raise ValueError(f"cluster URL {shown!r} names no node (host:port,...)")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"cluster URL {shown!r} lists a node twice")
+    if parts.path.strip("/"):
+        raise ValueError(f"cluster URL {shown!r}: a cluster has no databases, drop the path")
+    options = dict(parse_qsl(parts.query, keep_blank_values=True))
+    unknown = sorted(set(options) - {"client_name"} - set(_SSL_OPTIONS))
+    if unknown:
+        raise ValueError(f"cluster URL {shown!r}: unknown option(s) {', '.join(unknown)}")
+    tls = parts.scheme == "rediss+cluster"
+    ssl_options = tuple((k, v) for k, v in options.items() if k in _SSL_OPTIONS)
+    if ssl_options and not tls:
+        raise ValueError(f"cluster URL {shown!r}: ssl_* options need rediss+cluster://")
+    return ClusterTarget(
+        url=url,
+        seeds=seeds,
+        username=username,
+        password=password,
+        tls=tls,
+        client_name=options.get("client_name") or None,
+        ssl_options=ssl_options,
+    )
+
+
+def validate_redis_urls(urls: tuple[str, ...]) -> None:
+    """Check a bus's URL list: each URL, no shard twice, and a cluster URL alone."""
+    for url in urls:
+        validate_redis_url(url)
+    if len(set(urls)) != len(urls):
+        raise ValueError("redis_urls lists the same shard twice")
+    if len(urls) > 1 and any(is_cluster_url(u) for u in urls):
+        raise ValueError(
+            "a redis+cluster:// URL must be the bus's only URL: the cluster's slots place "
+            "the queues (add nodes to the cluster, not URLs to the bus)"
+        )
 
 
 def validate_redis_url(url: str) -> str:
@@ -99,6 +181,8 @@ def validate_redis_url(url: str) -> str:
     parts = urlsplit(url)
     if parts.scheme in SENTINEL_SCHEMES:
         parse_sentinel_url(url)
+    elif parts.scheme in CLUSTER_SCHEMES:
+        parse_cluster_url(url)
     elif parts.scheme not in STANDALONE_SCHEMES:
         raise ValueError(
             f"unsupported Redis URL scheme in {mask_url(url)!r}: use one of {', '.join(SCHEMES)}"

@@ -80,7 +80,7 @@ def test_sentinel_identity_does_not_depend_on_order_or_logins() -> None:
         ("redis+sentinel://h:1/m?sentinel_ssl=maybe", "yes or no"),
         ("redis+sentinel://h:1/m?colour=blue", "unknown option"),
         ("redis+sentinel://h:1/m?ssl_ca_certs=/x", "ssl_\\* options need"),
-        ("redis+cluster://h:1", "unsupported Redis URL scheme"),
+        ("redis+proxy://h:1", "unsupported Redis URL scheme"),
         ("sentinel://h:1/m", "unsupported Redis URL scheme"),
     ],
 )

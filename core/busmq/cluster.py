@@ -1,0 +1,214 @@
+"""A Redis Cluster as the bus's one shard: the cluster's slots place the queues.
+
+Every key of a queue carries the queue's name as a ``{hash tag}`` (see
+:mod:`busmq.keys`), so a queue lives in one slot and its scripts are single-slot.
+
+- **Discovery and the slot map** are redis-py's (``redis.asyncio.cluster.RedisCluster``
+  and its nodes manager, from ``CLUSTER SLOTS``); the redis-py client also serves the
+  calls that are not on the hot path, following ``MOVED``/``ASK`` itself.
+- **The hot paths** (push, read, ack) go over one auto-pipelined connection per master
+  (:mod:`busmq.mux`), chosen by the slot of the call's key. A command refused with
+  ``MOVED`` updates the slot map and goes again to the new owner; ``ASK`` (a slot being
+  migrated) sends it once to the target, preceded by ``ASKING``; ``TRYAGAIN`` (a
+  multi-key command while the slot's keys are split between two nodes) waits a moment
+  and sends it again. All three prove the command was not applied, so even a push is
+  sent again. A lost connection fails the calls pending on it (a push raises
+  ``BusUnavailableError``: it may have been applied) and makes the health probe read
+  the topology again, which after a failover names the promoted replica.
+- **Durable pushes** wait (``WAIT``/``WAITAOF``) on the master that took them.
+- **Wake-ups**: the push script publishes on the queue's channel and Redis Cluster
+  forwards publications to every node, so the notifier subscribes on any master.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import logging
+import random
+from typing import Any
+
+import redis.exceptions as rex
+from redis.asyncio import ConnectionPool
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.crc import key_slot
+
+from .confirmed import ConfirmedWrites
+from .errors import TopologyError
+from .mux import Arg, Command, Endpoint, MuxClient
+from .shard import CONNECTION_ERRORS, Redirect, Shard, _is_wrong_node
+from .topology import ClusterTarget, parse_cluster_url
+
+log = logging.getLogger(__name__)
+_NOT_A_CLUSTER = "Cluster mode is not enabled"
+
+
+class _Node:
+    """busmq's own connections to one master of the cluster."""
+
+    def __init__(self, endpoint: Endpoint, timeout: float) -> None:
+        self.mux = MuxClient(endpoint, reply_timeout=timeout, connect_timeout=timeout)
+        self.durable_mux = MuxClient(endpoint, reply_timeout=timeout, connect_timeout=timeout)
+        self.confirmed = ConfirmedWrites(self.durable_mux)
+
+    async def aclose(self) -> None:
+        await self.mux.aclose()
+        await self.durable_mux.aclose()
+
+
+class _AskingMux(MuxClient):
+    """A node's connection for one redirected call: every command goes out right
+    behind an ``ASKING`` (in the same write, so no other caller's command slips in)."""
+
+    def __init__(self, base: MuxClient) -> None:  # shares the base's connection
+        self._base = base
+        self.endpoint = base.endpoint
+
+    @property
+    def connected(self) -> bool:
+        return self._base.connected
+
+    async def execute(self, *command: Arg) -> Any:
+        _, reply = await self._base.execute_many([(b"ASKING",), command])
+        if isinstance(reply, rex.RedisError):
+            raise reply
+        return reply
+
+    async def execute_many(self, commands: list[Command]) -> list[Any]:  # type: ignore[override]
+        interleaved: list[Command] = []
+        for command in commands:
+            interleaved += [(b"ASKING",), command]
+        replies = await self._base.execute_many(interleaved)
+        return replies[1::2]
+
+
+class ClusterShard(Shard):
+    """A Redis Cluster seen as one shard (see the module docstring)."""
+
+    def __init__(self, url: str, *args: Any, **kwargs: Any) -> None:
+        self.cluster: ClusterTarget = parse_cluster_url(url)
+        self._nodes: dict[tuple[str, int], _Node] = {}
+        self.redirects: collections.Counter[str] = collections.Counter()
+        """Hot-path commands the cluster redirected, by kind (MOVED, ASK, TRYAGAIN, ...)."""
+        super().__init__(url, *args, **kwargs)
+
+    def _make_client(self) -> tuple[Any, Endpoint]:
+        target, settings = self.cluster, self._settings
+        kwargs: dict[str, Any] = {
+            "username": target.username,
+            "password": target.password,
+            "client_name": target.client_name,
+            "max_connections": settings.max_connections,
+            "socket_timeout": settings.operation_timeout,
+            "socket_connect_timeout": settings.operation_timeout,
+            # Retries follow MOVED/ASK and a failover; every redis-py call of busmq is
+            # idempotent (pushes, reads and acks go over busmq's own connections).
+            "retry": Retry(NoBackoff(), 3),
+        }
+        if target.tls:
+            kwargs |= {"ssl": True, **dict(target.ssl_options)}
+        client = RedisCluster(
+            startup_nodes=[ClusterNode(host, port) for host, port in target.seeds], **kwargs
+        )
+        seed = self._endpoint(*target.seeds[0])
+        return client, dataclasses.replace(seed, locate=self._any_master)
+
+    def _endpoint(self, host: str, port: int) -> Endpoint:
+        # redis-py reads the node's URL (login, TLS options) as it does a shard's.
+        pool = ConnectionPool.from_url(self.cluster.node_url(host, port))
+        return Endpoint.from_pool(pool, f"{self.label} node {host}:{port}")
+
+    def _node(self, host: str, port: int) -> _Node:
+        node = self._nodes.get((host, port))
+        if node is None:
+            endpoint = self._endpoint(host, port)
+            node = self._nodes[(host, port)] = _Node(endpoint, self._settings.operation_timeout)
+        return node
+
+    def _master_of(self, route: str | None) -> _Node:
+        manager = self.client.nodes_manager
+        try:
+            if route is None:
+                owner = manager.default_node or random.choice(self.client.get_primaries())
+            else:
+                owner = manager.get_node_from_slot(key_slot(route.encode()))
+        except (rex.SlotNotCoveredError, IndexError) as exc:  # no slot map (yet)
+            raise rex.ConnectionError(f"{self.label}: {exc or 'no master known'}") from None
+        return self._node(owner.host, int(owner.port))
+
+    async def _any_master(self) -> tuple[str, int]:
+        """Where the notifier subscribes: publications reach every node of a cluster."""
+        primaries = self.client.get_primaries()
+        if not primaries:
+            raise rex.ConnectionError(f"{self.label}: no master known yet")
+        node = random.choice(primaries)
+        return node.host, int(node.port)
+
+    # -- the hooks of Shard ------------------------------------------------------------
+
+    def _mux_for(self, route: str | None, redirect: Redirect | None = None) -> MuxClient:
+        if redirect is not None and redirect.ask is not None:
+            return _AskingMux(self._node(*redirect.ask).mux)
+        return self._master_of(route).mux
+
+    def _confirmed_for(self, route: str | None) -> ConfirmedWrites:
+        return self._master_of(route).confirmed
+
+    async def _redirect(self, exc: rex.ResponseError) -> Redirect | None:
+        redirect = await self._follow(exc)
+        if redirect is not None:
+            kind = type(exc).__name__.removesuffix("Error").upper()
+            self.redirects[kind] += 1
+            log.debug("%s: %s %s", self.label, kind, exc)
+        return redirect
+
+    async def _follow(self, exc: rex.ResponseError) -> Redirect | None:
+        if isinstance(exc, rex.AskError):  # MovedError is an AskError too
+            if isinstance(exc, rex.MovedError):
+                await self.client.nodes_manager.move_slot(exc)
+                return Redirect(pause=False)
+            return Redirect(ask=(exc.host, int(exc.port)), pause=False)
+        if isinstance(exc, rex.TryAgainError):
+            return Redirect()  # the retry loop backs off a little before sending again
+        if isinstance(exc, rex.ClusterDownError) or _is_wrong_node(exc):
+            # A failover under way, or a demoted master: read the topology again.
+            self.report_failure(exc)
+            return Redirect()
+        return None
+
+    async def check_topology(self) -> None:
+        """Read the slot map; a node that is not in cluster mode is a
+        :class:`TopologyError`. Unreachable nodes are left to the health probe."""
+        try:
+            await self.client.initialize()
+        except rex.RedisClusterException as exc:
+            if _NOT_A_CLUSTER in str(exc):
+                raise TopologyError(f"{self.label}: {exc}") from None
+            self.last_error = exc
+        except CONNECTION_ERRORS as exc:
+            self.last_error = exc
+
+    async def _probe(self) -> None:
+        """Read the topology (a failover changes it) and ping every master."""
+        try:
+            await self.client.nodes_manager.initialize()
+        except rex.RedisClusterException as exc:
+            raise rex.ConnectionError(str(exc)) from None
+        masters = self.client.get_primaries()
+        await asyncio.gather(
+            *(self._node(m.host, int(m.port)).mux.execute(b"PING") for m in masters)
+        )
+
+    async def _drop_idle_connections(self) -> None:
+        for node in self.client.get_nodes():
+            try:
+                await node.disconnect_free_connections()
+            except Exception as exc:  # closing a dead socket; must not stop the monitor
+                log.debug("dropping stale connections of %s: %s", node.name, exc)
+
+    async def _close_client(self) -> None:
+        await asyncio.gather(*(node.aclose() for node in self._nodes.values()))
+        await self.client.aclose()

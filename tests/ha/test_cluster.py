@@ -1,0 +1,246 @@
+"""Redis Cluster: the cluster's slots place queues; the hot paths follow slot moves and
+failovers. Real clusters (``redis-cli --cluster create``) on free loopback ports."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import defaultdict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+from redis.crc import key_slot
+
+from busmq import (
+    Bus,
+    BusError,
+    BusSettings,
+    BusUnavailableError,
+    Durability,
+    Mode,
+    Queue,
+    TopologyError,
+)
+from busmq.cluster import ClusterShard
+from busmq.topology import parse_cluster_url
+from tests.conftest import fast_settings
+from tests.support.cluster import ClusterGroup
+from tests.support.redis_server import RedisServer, free_port
+from tests.support.waiting import eventually
+
+MakeBus = Callable[..., Awaitable[Bus]]
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[ClusterGroup]:
+    """Three masters, no replicas."""
+    async with ClusterGroup(tmp_path / "cluster", masters=3) as group:
+        yield group
+
+
+def slot_of(queue: str) -> int:
+    return key_slot(queue.encode())  # the queue's keys carry {queue} as their hash tag
+
+
+# -- URL forms (pure) ---------------------------------------------------------------------
+
+
+def test_cluster_url_names_seed_nodes_and_login() -> None:
+    target = parse_cluster_url("redis+cluster://app:pw@10.0.0.1:7000,10.0.0.2:7001")
+    assert target.seeds == (("10.0.0.1", 7000), ("10.0.0.2", 7001))
+    assert (target.username, target.password, target.tls) == ("app", "pw", False)
+    assert target.node_url("10.0.0.3", 7002) == "redis://app:pw@10.0.0.3:7002"
+    tls = parse_cluster_url("rediss+cluster://h:1?ssl_ca_certs=/ca.pem")
+    assert tls.node_url("h", 2) == "rediss://h:2?ssl_ca_certs=%2Fca.pem"
+
+
+@pytest.mark.parametrize(
+    ("urls", "reason"),
+    [
+        (("redis+cluster://",), "names no node"),
+        (("redis+cluster://h",), "not host:port"),
+        (("redis+cluster://h:1,h:1",), "twice"),
+        (("redis+cluster://h:1/0",), "no databases"),
+        (("redis+cluster://h:1?db=2",), "unknown option"),
+        (("redis+cluster://h:1?ssl_ca_certs=/x",), "need rediss"),
+        (("redis+cluster://h:1", "redis://other:6379"), "only URL"),
+    ],
+)
+def test_bad_cluster_urls_are_refused_with_the_reason(urls: tuple[str, ...], reason: str) -> None:
+    with pytest.raises(ValueError, match=reason):
+        BusSettings(redis_urls=urls)
+
+
+# -- start-up errors ----------------------------------------------------------------------
+
+
+async def test_a_plain_redis_named_as_a_cluster_is_a_topology_error(
+    redis_server: RedisServer,
+) -> None:
+    url = f"redis+cluster://127.0.0.1:{redis_server.port}"
+    with pytest.raises(TopologyError, match="Cluster mode is not enabled"):
+        await Bus(fast_settings([url])).connect()
+
+
+async def test_an_unreachable_cluster_fails_the_connect() -> None:
+    bus = Bus(fast_settings([f"redis+cluster://127.0.0.1:{free_port()}"], operation_timeout=1.0))
+    try:
+        with pytest.raises(BusUnavailableError, match="not reachable"):
+            await bus.connect()
+    finally:
+        await bus.close()
+
+
+# -- placement and slot moves -------------------------------------------------------------
+
+
+async def test_300_queues_keep_order_while_busy_slots_move(
+    cluster: ClusterGroup, make_bus: MakeBus
+) -> None:
+    names = [f"orders-{i}" for i in range(300)]
+    per_queue = 40
+    bus = await make_bus([cluster.url])
+    queues = [bus.queue(n) for n in names]
+    await asyncio.gather(*(q.attach() for q in queues))
+    owners = {n: (await cluster.owner_of(slot_of(n))).port for n in names}
+    assert len(set(owners.values())) == 3, "the queues are spread over every master"
+
+    received: dict[str, list[int]] = defaultdict(list)
+    sent: dict[str, int] = {}
+    started, migrated = asyncio.Event(), asyncio.Event()
+    busy = names[:3]  # pushed to and consumed from while their slots move
+    moved: list[int] = []
+
+    async def produce(queue: Queue) -> None:
+        n = 0
+        while n < per_queue or (queue.name in busy and not migrated.is_set()):
+            await queue.push({"n": n}, request_id=f"{queue.name}-{n}")
+            n += 1
+            if n == 5 and queue.name == busy[0]:
+                started.set()
+            await asyncio.sleep(0.005)  # a steady stream, not a burst
+        sent[queue.name] = n
+        await queue.push({"n": -1})  # the end of this queue's stream
+
+    async def consume(queue: Queue) -> None:
+        async with queue.consume(Mode.AT_LEAST_ONCE, prefetch=10) as consumer:
+            async for delivery in consumer:
+                await delivery.ack()
+                if delivery.data["n"] == -1:
+                    return
+                received[queue.name].append(delivery.data["n"])
+
+    async def migrate() -> None:
+        await started.wait()
+        try:
+            for name in busy:
+                source = await cluster.owner_of(slot_of(name))
+                target = next(s for s in await cluster.masters() if s is not source)
+                moved.append(await cluster.move_slot(slot_of(name), target))
+                assert (await cluster.owner_of(slot_of(name))) is target
+        finally:
+            migrated.set()
+
+    consumers = [asyncio.create_task(consume(q)) for q in queues]
+    await asyncio.wait_for(asyncio.gather(migrate(), *(produce(q) for q in queues)), 120)
+    await asyncio.wait_for(asyncio.gather(*consumers), 60)
+    assert all(moved), f"every busy slot had keys to move: {moved}"
+    for name in names:
+        assert received[name] == list(range(sent[name])), f"{name}: {received[name][:10]}"
+    shard = bus.shards[0]
+    assert isinstance(shard, ClusterShard)
+    # The traffic met the migration: refused mid-move and sent again, never lost.
+    assert shard.redirects["MOVED"] >= 3
+    assert shard.redirects["ASK"] + shard.redirects["TRYAGAIN"] > 0, shard.redirects
+    print(f"\nredirects during {len(busy)} slot moves: {dict(shard.redirects)}; keys moved {moved}")
+    assert sum(await asyncio.gather(*(q.count() for q in queues))) == 0
+
+
+async def test_replay_and_a_channel_on_a_cluster(cluster: ClusterGroup, make_bus: MakeBus) -> None:
+    bus = await make_bus([cluster.url])
+    async with bus.queue("history") as queue:
+        assert await queue.push_batch(["a", "b", "c"]) == [1, 2, 3]
+        async with queue.consume(Mode.REPLAY, from_id=2, max=2) as reader:
+            assert [d.data async for d in reader] == ["b", "c"]
+    server = bus.channel("chat", local="server", remote="client")
+    client = bus.channel("chat", local="client", remote="server")
+    await server.connect(Mode.AT_LEAST_ONCE)
+    await client.connect(Mode.AT_LEAST_ONCE)
+    await client.send("hello")
+    async for delivery in server:
+        assert delivery.data == "hello"
+        await delivery.ack()
+        break
+    await client.end()
+
+
+# -- failover -----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+async def test_replicas_1_loses_no_acknowledged_push_when_a_master_dies(
+    tmp_path: Path,
+) -> None:
+    # Two replicas per master: after the failover the promoted one still has a replica
+    # to confirm replicas=1 (with one, every later push would raise DurabilityError).
+    async with (
+        ClusterGroup(tmp_path / "cluster", masters=3, replicas=2) as group,
+        Bus(fast_settings([group.url], durability=Durability(replicas=1))) as bus,
+    ):
+        names = [f"jobs-{i}" for i in range(30)]
+        queues = [bus.queue(n) for n in names]
+        await asyncio.gather(*(q.attach() for q in queues))
+        victim = await group.owner_of(slot_of(names[0]))
+        acknowledged: dict[tuple[str, int], int] = {}
+        delivered: dict[tuple[str, int], set[int]] = defaultdict(set)
+        per_queue = 100
+        killed = asyncio.Event()
+
+        async def produce(queue: object) -> None:
+            assert hasattr(queue, "push")
+            for n in range(per_queue):
+                while True:
+                    try:
+                        acknowledged[(queue.name, n)] = await queue.push(
+                            {"n": n}, request_id=f"{queue.name}-{n}"
+                        )
+                        break
+                    except BusError:  # may be stored: the retry is deduped
+                        await asyncio.sleep(0.05)
+                if len(acknowledged) >= len(names) * per_queue // 3:
+                    killed.set()
+
+        async def consume(queue: object) -> None:
+            assert hasattr(queue, "consume")
+            async with queue.consume(Mode.AT_LEAST_ONCE, visibility_timeout=2.0) as consumer:
+                async for delivery in consumer:
+                    delivered[(queue.name, delivery.data["n"])].add(delivery.id)
+                    with contextlib.suppress(BusError):
+                        await delivery.ack()
+
+        consumers = [asyncio.create_task(consume(q)) for q in queues]
+        producers = asyncio.gather(*(produce(q) for q in queues))
+        try:
+            await killed.wait()
+            victim.kill()
+            await victim.wait_exit()
+
+            async def promoted() -> bool:
+                return victim not in await group.masters() and len(await group.masters()) == 3
+
+            await eventually(promoted, timeout=30, what="a replica promoted")
+            await asyncio.wait_for(producers, 120)
+
+            async def drained() -> bool:
+                counts = await asyncio.gather(*(q.count() for q in queues))
+                return sum(counts) == 0
+
+            await eventually(drained, timeout=60, what="every queue drained")
+        finally:
+            for task in consumers:
+                task.cancel()
+            await asyncio.gather(*consumers, return_exceptions=True)
+        assert len(acknowledged) == len(names) * per_queue
+        missing = [k for k, i in acknowledged.items() if i not in delivered.get(k, ())]
+        assert not missing, f"{len(missing)} acknowledged pushes never consumed: {missing[:5]}"
