@@ -212,3 +212,23 @@ class ClusterShard(Shard):
     async def _close_client(self) -> None:
         await asyncio.gather(*(node.aclose() for node in self._nodes.values()))
         await self.client.aclose()
+
+
+def sync_cluster_client(target: ClusterTarget, *, connect_timeout: float, timeout: float) -> Any:
+    """A sync redis-py client of the cluster (for the Spark data source's workers)."""
+    import redis.cluster
+
+    kwargs: dict[str, Any] = {
+        "username": target.username,
+        "password": target.password,
+        "client_name": target.client_name,
+        "socket_connect_timeout": connect_timeout,
+        "socket_timeout": timeout,
+    }
+    if target.tls:
+        kwargs |= {"ssl": True, **dict(target.ssl_options)}
+    nodes = [
+        redis.cluster.ClusterNode(host, port)  # type: ignore[no-untyped-call]
+        for host, port in target.seeds
+    ]
+    return redis.cluster.RedisCluster(startup_nodes=nodes, **kwargs)

@@ -23,9 +23,12 @@ from busmq import (
     TopologyError,
 )
 from busmq.cluster import ClusterShard
+from busmq.federation import FederationSettings, FederationTarget
 from busmq.topology import parse_cluster_url
 from tests.conftest import fast_settings
+from tests.federation.conftest import FAST_LINK
 from tests.support.cluster import ClusterGroup
+from tests.support.gateway_process import GatewayProcess
 from tests.support.redis_server import RedisServer, free_port
 from tests.support.waiting import eventually
 
@@ -244,3 +247,36 @@ async def test_replicas_1_loses_no_acknowledged_push_when_a_master_dies(
         assert len(acknowledged) == len(names) * per_queue
         missing = [k for k, i in acknowledged.items() if i not in delivered.get(k, ())]
         assert not missing, f"{len(missing)} acknowledged pushes never consumed: {missing[:5]}"
+
+
+async def test_a_federated_queue_through_a_gateway_on_a_cluster(
+    cluster: ClusterGroup, tmp_path: Path
+) -> None:
+    secret = "cluster-gateway-secret"
+    gateway = GatewayProcess(cluster.url, (secret,))
+    await gateway.start()
+    try:
+        async with (
+            RedisServer(tmp_path / "b-redis") as b_redis,
+            Bus(fast_settings([b_redis.url])) as bus_b,
+        ):
+            target = FederationTarget(f"http://{gateway.target}", secret=secret)
+            bus_b.configure_federation(
+                FederationSettings(
+                    targets=[target], outbox_path=tmp_path / "outbox.sqlite3", **FAST_LINK
+                )
+            )
+            names = [f"remote-{i}" for i in range(6)]  # on several masters
+            for name in names:
+                remote = bus_b.federate(bus_b.queue(name), target.url)
+                async with remote:
+                    assert await remote.push_batch([f"{name} a", f"{name} b"]) == [1, 2]
+                    async with remote.consume(Mode.AT_LEAST_ONCE, max=2) as consumer:
+                        got = []
+                        async for delivery in consumer:
+                            got.append(delivery.data)
+                            await delivery.ack()
+                    assert got == [f"{name} a", f"{name} b"]
+                    assert await remote.count() == 0
+    finally:
+        await gateway.stop()

@@ -15,13 +15,21 @@ from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
+from ..cluster import sync_cluster_client
 from ..keys import QueueKeys, validate_name
 from ..message import F_HEADERS, F_KIND, F_PAYLOAD, F_TIME, PayloadKind
 from ..sentinel import sync_master_client
-from ..settings import mask_url, validate_redis_url
+from ..settings import mask_url
 from ..shard import shard_identity
 from ..sharding import rank
-from ..topology import is_sentinel_url, parse_sentinel_url, split_urls
+from ..topology import (
+    is_cluster_url,
+    is_sentinel_url,
+    parse_cluster_url,
+    parse_sentinel_url,
+    split_urls,
+    validate_redis_urls,
+)
 
 if TYPE_CHECKING:
     import redis
@@ -55,13 +63,10 @@ def parse_urls(options: Mapping[str, str]) -> tuple[str, ...]:
     if not raw or not raw.strip():
         raise OptionError("option 'redis_urls' is required (comma-separated shard URLs)")
     urls = split_urls(raw)
-    for url in urls:
-        try:
-            validate_redis_url(url)
-        except ValueError as exc:
-            raise OptionError(f"option 'redis_urls': {exc}") from None
-    if len(set(urls)) != len(urls):
-        raise OptionError("option 'redis_urls' lists the same shard twice")
+    try:
+        validate_redis_urls(urls)
+    except ValueError as exc:
+        raise OptionError(f"option 'redis_urls': {exc}") from None
     return urls
 
 
@@ -137,6 +142,11 @@ def client(url: str) -> redis.Redis:
 
     if is_sentinel_url(url):
         return sync_master_client(parse_sentinel_url(url), connect_timeout=5.0, timeout=30.0)
+    if is_cluster_url(url):
+        cluster: redis.Redis = sync_cluster_client(
+            parse_cluster_url(url), connect_timeout=5.0, timeout=30.0
+        )
+        return cluster
     return redis.Redis.from_url(url, socket_connect_timeout=5.0, socket_timeout=30.0)
 
 
