@@ -103,12 +103,13 @@ class Bus:
             for url in urls
         ]
         self.placement = Placement(self.shards)
-        self.scripts = Scripts(self.shards[0].client)
         try:
             await asyncio.gather(*(s.check_topology() for s in self.shards))
         except BaseException:
             await self._close_shards()
             raise
+        sharded = self.shards[0].sharded_pubsub
+        self.scripts = Scripts(self.shards[0].client, sharded_publish=sharded)
         self._state = BusState.OFFLINE
         for shard in self.shards:
             shard.start()

@@ -16,17 +16,23 @@ Every key of a queue carries the queue's name as a ``{hash tag}`` (see
   ``BusUnavailableError``: it may have been applied) and makes the health probe read
   the topology again, which after a failover names the promoted replica.
 - **Durable pushes** wait (``WAIT``/``WAITAOF``) on the master that took them.
-- **Wake-ups**: the push script publishes on the queue's channel and Redis Cluster
-  forwards publications to every node, so the notifier subscribes on any master.
+- **Wake-ups** (:class:`ClusterNotifier`): on Redis 7+ the push script announces itself
+  with ``SPUBLISH`` on the queue's sharded channel, which lives in the queue's slot, and
+  each consumer's channel is watched (``SSUBSCRIBE``) on the node serving that slot, so
+  a notification travels from that node to its watchers only. After a slot move or a
+  failover (seen by the health probe's topology read) the watched channels move to
+  their new node; meanwhile the notifier's tick still wakes every consumer. On older
+  servers plain ``PUBLISH`` is forwarded to every node, and the same per-node watching
+  works unchanged.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import logging
 import random
+import re
 from typing import Any
 
 import redis.exceptions as rex
@@ -38,7 +44,9 @@ from redis.crc import key_slot
 
 from .confirmed import ConfirmedWrites
 from .errors import TopologyError
+from .keys import QueueKeys
 from .mux import Arg, Command, Endpoint, MuxClient
+from .notifier import Notifier
 from .shard import CONNECTION_ERRORS, Redirect, Shard, _is_wrong_node
 from .topology import ClusterTarget, parse_cluster_url
 
@@ -85,6 +93,68 @@ class _AskingMux(MuxClient):
         return replies[1::2]
 
 
+class ClusterNotifier:
+    """Wake-ups of a cluster's consumers: a :class:`~busmq.notifier.Notifier` per node,
+    each watching the channels of the slots that node serves."""
+
+    def __init__(self, shard: ClusterShard) -> None:
+        self._shard = shard
+        self.tick = shard._settings.block_seconds
+        self._notifiers: dict[tuple[str, int], Notifier] = {}
+        self._homes: dict[bytes, tuple[str, int]] = {}  # channel -> node watching it
+
+    def _notifier(self, address: tuple[str, int]) -> Notifier:
+        notifier = self._notifiers.get(address)
+        if notifier is None:
+            settings = self._shard._settings
+            notifier = self._notifiers[address] = Notifier(
+                self._shard._endpoint(*address),
+                connect_timeout=settings.operation_timeout,
+                retry_max=settings.reconnect_backoff_max,
+                tick=settings.block_seconds,
+                sharded=self._shard.sharded_pubsub,
+            )
+        return notifier
+
+    async def watch(self, queue: str) -> asyncio.Event:
+        channel = QueueKeys(queue).notify_channel.encode()
+        address = self._homes.get(channel) or self._shard.node_of(channel)
+        self._homes[channel] = address
+        return await self._notifier(address).adopt(channel, asyncio.Event())
+
+    def node_watching(self, queue: str) -> tuple[str, int] | None:
+        """The node on which ``queue``'s wake-ups are watched, if they are."""
+        return self._homes.get(QueueKeys(queue).notify_channel.encode())
+
+    async def unwatch(self, queue: str, event: asyncio.Event) -> None:
+        channel = QueueKeys(queue).notify_channel.encode()
+        address = self._homes.get(channel)
+        if address is None:
+            return
+        notifier = self._notifiers[address]
+        await notifier.unwatch(queue, event)
+        if channel not in notifier.channels():
+            del self._homes[channel]
+
+    async def follow_slots(self) -> None:
+        """Move every watched channel to the node that serves its slot now."""
+        for channel, address in list(self._homes.items()):
+            try:
+                owner = self._shard.node_of(channel)
+            except rex.ConnectionError:
+                return  # no slot map right now: the next probe tries again
+            if owner == address:
+                continue
+            events = self._notifiers[address].release(channel)
+            self._homes[channel] = owner
+            for event in events:
+                await self._notifier(owner).adopt(channel, event)
+                event.set()  # publications may have gone unseen meanwhile: read once
+
+    async def close(self) -> None:
+        await asyncio.gather(*(n.close() for n in self._notifiers.values()))
+
+
 class ClusterShard(Shard):
     """A Redis Cluster seen as one shard (see the module docstring)."""
 
@@ -94,6 +164,8 @@ class ClusterShard(Shard):
         self.redirects: collections.Counter[str] = collections.Counter()
         """Hot-path commands the cluster redirected, by kind (MOVED, ASK, TRYAGAIN, ...)."""
         super().__init__(url, *args, **kwargs)
+        self.cluster_notifier = ClusterNotifier(self)
+        self.notifier = self.cluster_notifier
 
     def _make_client(self) -> tuple[Any, Endpoint]:
         target, settings = self.cluster, self._settings
@@ -113,8 +185,8 @@ class ClusterShard(Shard):
         client = RedisCluster(
             startup_nodes=[ClusterNode(host, port) for host, port in target.seeds], **kwargs
         )
-        seed = self._endpoint(*target.seeds[0])
-        return client, dataclasses.replace(seed, locate=self._any_master)
+        # The shard-wide connections go unused: calls take their node's (see _mux_for).
+        return client, self._endpoint(*target.seeds[0])
 
     def _endpoint(self, host: str, port: int) -> Endpoint:
         # redis-py reads the node's URL (login, TLS options) as it does a shard's.
@@ -128,24 +200,22 @@ class ClusterShard(Shard):
             node = self._nodes[(host, port)] = _Node(endpoint, self._settings.operation_timeout)
         return node
 
-    def _master_of(self, route: str | None) -> _Node:
+    def node_of(self, key: str | bytes | None) -> tuple[str, int]:
+        """The address of the master serving ``key``'s slot (any master for ``None``)."""
         manager = self.client.nodes_manager
         try:
-            if route is None:
+            if key is None:
                 owner = manager.default_node or random.choice(self.client.get_primaries())
             else:
-                owner = manager.get_node_from_slot(key_slot(route.encode()))
+                owner = manager.get_node_from_slot(
+                    key_slot(key.encode() if isinstance(key, str) else key)
+                )
         except (rex.SlotNotCoveredError, IndexError) as exc:  # no slot map (yet)
             raise rex.ConnectionError(f"{self.label}: {exc or 'no master known'}") from None
-        return self._node(owner.host, int(owner.port))
+        return owner.host, int(owner.port)
 
-    async def _any_master(self) -> tuple[str, int]:
-        """Where the notifier subscribes: publications reach every node of a cluster."""
-        primaries = self.client.get_primaries()
-        if not primaries:
-            raise rex.ConnectionError(f"{self.label}: no master known yet")
-        node = random.choice(primaries)
-        return node.host, int(node.port)
+    def _master_of(self, route: str | None) -> _Node:
+        return self._node(*self.node_of(route))
 
     # -- the hooks of Shard ------------------------------------------------------------
 
@@ -184,12 +254,22 @@ class ClusterShard(Shard):
         :class:`TopologyError`. Unreachable nodes are left to the health probe."""
         try:
             await self.client.initialize()
+            versions = await asyncio.gather(
+                *(self._version(m.host, int(m.port)) for m in self.client.get_primaries())
+            )
         except rex.RedisClusterException as exc:
             if _NOT_A_CLUSTER in str(exc):
                 raise TopologyError(f"{self.label}: {exc}") from None
             self.last_error = exc
         except CONNECTION_ERRORS as exc:
             self.last_error = exc
+        else:
+            self.sharded_pubsub = bool(versions) and min(versions) >= (7, 0)
+
+    async def _version(self, host: str, port: int) -> tuple[int, ...]:
+        info = await self._node(host, port).mux.execute(b"INFO", b"server")
+        found = re.search(rb"redis_version:(\d+)\.(\d+)", info)
+        return (int(found.group(1)), int(found.group(2))) if found else (0, 0)
 
     async def _probe(self) -> None:
         """Read the topology (a failover changes it) and ping every master."""
@@ -201,6 +281,7 @@ class ClusterShard(Shard):
         await asyncio.gather(
             *(self._node(m.host, int(m.port)).mux.execute(b"PING") for m in masters)
         )
+        await self.cluster_notifier.follow_slots()
 
     async def _drop_idle_connections(self) -> None:
         for node in self.client.get_nodes():

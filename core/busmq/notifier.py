@@ -18,9 +18,10 @@ while it was away were not seen.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import random
-from typing import Any
+from typing import Any, Protocol
 
 import redis.exceptions as rex
 
@@ -30,55 +31,106 @@ from .mux import Endpoint, RespProtocol
 log = logging.getLogger(__name__)
 
 
+class WakeUps(Protocol):
+    """What consumers need from a shard's wake-ups (a :class:`Notifier`, or one per
+    node of a cluster)."""
+
+    tick: float
+
+    async def watch(self, queue: str) -> asyncio.Event: ...
+
+    async def unwatch(self, queue: str, event: asyncio.Event) -> None: ...
+
+    async def close(self) -> None: ...
+
+
 class _Subscription(RespProtocol):
     """The notifier's connection: replies to the handshake, then publications."""
 
     def __init__(self, notifier: Notifier, label: str, timeout: float) -> None:
         super().__init__(label, timeout)
         self._waiters = notifier._waiters
+        self._sharded = notifier.sharded
         self._confirmations: dict[bytes, list[asyncio.Future[None]]] = {}
+        # Sharded: one SSUBSCRIBE per channel, each answered (or refused) in order.
+        self._in_order: collections.deque[asyncio.Future[None]] = collections.deque()
 
-    def subscribe(self, channels: list[bytes]) -> asyncio.Future[None]:
+    def subscribe(self, channels: list[bytes]) -> asyncio.Future[Any]:
         """Subscribe; the future is done when Redis confirmed every channel, or when
         the connection ended (see :attr:`error`)."""
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
         if self.error is not None:
             future.set_result(None)
             return future
+        if self._sharded:  # a sharded SSUBSCRIBE takes the channels of one slot only
+            futures = []
+            for channel in channels:
+                self.write((b"SSUBSCRIBE", channel))
+                futures.append(loop.create_future())
+                self._in_order.append(futures[-1])
+            return asyncio.gather(*futures)
         self.write((b"SUBSCRIBE", *channels))
         # Redis confirms the channels in order: the last confirmation covers them all.
         self._confirmations.setdefault(channels[-1], []).append(future)
         return future
 
     def push_received(self, reply: Any) -> None:
+        if self._sharded and isinstance(reply, rex.ResponseError):
+            # A channel whose slot is served elsewhere (MOVED): not subscribed here;
+            # the cluster notifier moves it once it knows the slot's new node.
+            log.debug("%s: sharded subscription refused: %s", self.label, reply)
+            _resolve(self._in_order.popleft() if self._in_order else None)
+            return
         if type(reply) is not list or len(reply) != 3:
             super().push_received(reply)  # an error or garbage: reconnect
             return
         kind, channel, _ = reply
-        if kind == b"message":
+        if kind in (b"message", b"smessage"):
             for event in self._waiters.get(channel, ()):
                 event.set()
         elif kind == b"subscribe":
             for future in self._confirmations.pop(channel, ()):
-                if not future.done():
-                    future.set_result(None)
+                _resolve(future)
+        elif kind == b"ssubscribe":
+            _resolve(self._in_order.popleft() if self._in_order else None)
+        elif kind == b"sunsubscribe":
+            # Unasked while watched: the slot moved away. Read once (the tick and the
+            # cluster notifier's move take it from here).
+            for event in self._waiters.get(channel, ()):
+                event.set()
 
     def fail(self, kind: type[rex.RedisError], message: str) -> None:
         super().fail(kind, message)
         confirmations, self._confirmations = self._confirmations, {}
         for futures in confirmations.values():
             for future in futures:
-                if not future.done():
-                    future.set_result(None)  # do not wait: the tick covers the gap
+                _resolve(future)  # do not wait: the tick covers the gap
+        while self._in_order:
+            _resolve(self._in_order.popleft())
+
+
+def _resolve(future: asyncio.Future[None] | None) -> None:
+    if future is not None and not future.done():
+        future.set_result(None)
 
 
 class Notifier:
     """Pub/sub subscriptions of one shard, shared by every local consumer."""
 
     def __init__(
-        self, endpoint: Endpoint, *, connect_timeout: float, retry_max: float, tick: float
+        self,
+        endpoint: Endpoint,
+        *,
+        connect_timeout: float,
+        retry_max: float,
+        tick: float,
+        sharded: bool = False,
     ) -> None:
         self._endpoint = endpoint
+        self.sharded = sharded
+        """Sharded pub/sub (``SSUBSCRIBE``, Redis 7+): publications of a slot's channels
+        come from the node serving the slot only (Redis Cluster)."""
         self._connect_timeout = connect_timeout
         self._retry_max = retry_max
         self.tick = tick
@@ -92,8 +144,10 @@ class Notifier:
     async def watch(self, queue: str) -> asyncio.Event:
         """An event set whenever ``queue`` gets messages, and at least every
         :attr:`tick` (clear it before each read)."""
-        channel = QueueKeys(queue).notify_channel.encode()
-        event = asyncio.Event()
+        return await self.adopt(QueueKeys(queue).notify_channel.encode(), asyncio.Event())
+
+    async def adopt(self, channel: bytes, event: asyncio.Event) -> asyncio.Event:
+        """Set ``event`` on publications on ``channel`` (and every tick); returns it."""
         waiters = self._waiters.setdefault(channel, set())
         first = not waiters
         waiters.add(event)
@@ -116,6 +170,17 @@ class Notifier:
     async def unwatch(self, queue: str, event: asyncio.Event) -> None:
         self._discard(QueueKeys(queue).notify_channel.encode(), event)
 
+    def channels(self) -> list[bytes]:
+        """The channels watched here."""
+        return list(self._waiters)
+
+    def release(self, channel: bytes) -> set[asyncio.Event]:
+        """Stop watching ``channel``; returns the events that were waiting on it."""
+        events = set(self._waiters.get(channel, ()))
+        for event in events:
+            self._discard(channel, event)
+        return events
+
     def _discard(self, channel: bytes, event: asyncio.Event) -> None:
         waiters = self._waiters.get(channel)
         if waiters is None:
@@ -124,7 +189,8 @@ class Notifier:
         if not waiters:
             del self._waiters[channel]
             if self._subscription is not None:
-                self._subscription.write((b"UNSUBSCRIBE", channel))
+                command = b"SUNSUBSCRIBE" if self.sharded else b"UNSUBSCRIBE"
+                self._subscription.write((command, channel))
 
     def follow(self, master: tuple[str, int] | None) -> None:
         """Resubscribe if subscribed elsewhere than ``master`` (``None``: anywhere), as

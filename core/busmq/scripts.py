@@ -17,9 +17,12 @@ from redis.commands.core import AsyncScript
 from .mux import MuxClient
 
 
-def _source(name: str) -> str:
+def _source(name: str, sharded_publish: bool) -> str:
     lua = resources.files(__package__) / "lua"
-    return (lua / "prelude.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
+    source = (lua / "prelude.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
+    if sharded_publish:  # a cluster's sharded channel of the queue's slot (Redis 7+)
+        source = source.replace("redis.call('PUBLISH'", "redis.call('SPUBLISH'")
+    return source
 
 
 class Scripts:
@@ -27,9 +30,9 @@ class Scripts:
 
     NAMES = ("attach", "detach", "push", "ack", "ack_upto", "claim", "prepare_consumer", "release")
 
-    def __init__(self, client: aioredis.Redis) -> None:
+    def __init__(self, client: aioredis.Redis, *, sharded_publish: bool = False) -> None:
         self._scripts: dict[str, AsyncScript] = {
-            name: client.register_script(_source(name)) for name in self.NAMES
+            name: client.register_script(_source(name, sharded_publish)) for name in self.NAMES
         }
 
     def source(self, name: str) -> tuple[str, str]:

@@ -40,7 +40,7 @@ from .errors import (
 )
 from .events import Event, EventHub
 from .mux import Endpoint, MuxClient, ReplyTimeoutError
-from .notifier import Notifier
+from .notifier import Notifier, WakeUps
 from .sentinel import check_service, master_pool, sentinel_client
 from .settings import BusSettings, mask_url
 from .topology import SentinelTarget, is_cluster_url, is_sentinel_url, parse_sentinel_url
@@ -149,12 +149,15 @@ class Shard:
         self._confirmed = ConfirmedWrites(self.durable_mux)
         self._fsync_cache: dict[object, FsyncSupport] = {}  # per master address
         self.last_error: BaseException | None = None
-        self.notifier = Notifier(
+        self._notifier = Notifier(
             endpoint,
             connect_timeout=settings.operation_timeout,
             retry_max=settings.reconnect_backoff_max,
             tick=settings.block_seconds,
         )
+        self.notifier: WakeUps = self._notifier
+        self.sharded_pubsub = False
+        """Whether pushes announce themselves with ``SPUBLISH`` (a Redis 7 cluster)."""
         self.state = ShardState.CONNECTING
         self._online = asyncio.Event()
         self._wake_monitor = asyncio.Event()
@@ -275,7 +278,7 @@ class Shard:
             if address is not None and address != master:
                 log.warning("redis shard %s: master moved to %s:%s", self.label, *master)
                 mux.drop("the master moved")
-        self.notifier.follow(master)
+        self._notifier.follow(master)
 
     def _wrong_node(self, exc: BaseException) -> None:
         """A command reached a server that is no longer the master (``READONLY``, or a
@@ -284,7 +287,7 @@ class Shard:
         self.report_failure(exc)
         for mux in (self.mux, self.durable_mux):
             mux.drop("the server is not the master")
-        self.notifier.follow(None)
+        self._notifier.follow(None)
 
     async def _drop_idle_connections(self) -> None:
         """Close the pooled connections left from before an outage so calls reconnect.

@@ -280,3 +280,43 @@ async def test_a_federated_queue_through_a_gateway_on_a_cluster(
                     assert await remote.count() == 0
     finally:
         await gateway.stop()
+
+
+async def test_idle_consumers_are_woken_on_the_slots_node_before_and_after_a_move(
+    cluster: ClusterGroup, make_bus: MakeBus
+) -> None:
+    # A tick longer than the test: only a notification can wake the idle consumer.
+    bus = await make_bus([cluster.url], block_seconds=60.0)
+    shard = bus.shards[0]
+    assert isinstance(shard, ClusterShard) and shard.sharded_pubsub  # Redis 7: SPUBLISH
+    queue = bus.queue("woken")
+    await queue.attach()
+    got: asyncio.Queue[object] = asyncio.Queue()
+
+    async def consume() -> None:
+        async with queue.consume(Mode.AT_MOST_ONCE) as consumer:
+            async for delivery in consumer:
+                await got.put(delivery.data)
+
+    reader = asyncio.create_task(consume())
+    try:
+
+        def watched_on(address: tuple[str, int]) -> bool:
+            return shard.cluster_notifier.node_watching("woken") == address
+
+        source = await cluster.owner_of(slot_of("woken"))
+        await eventually(lambda: watched_on(("127.0.0.1", source.port)), what="watched")
+        await queue.push("before")
+        assert await asyncio.wait_for(got.get(), 10) == "before"
+
+        target = next(s for s in await cluster.masters() if s is not source)
+        await cluster.move_slot(slot_of("woken"), target)
+        await eventually(lambda: watched_on(("127.0.0.1", target.port)), what="moved")
+        # The move woke the consumer once; once it is idle again, only a notification
+        # from the slot's new node can bring it the next message within the tick.
+        await asyncio.sleep(0.5)
+        await queue.push("after")
+        assert await asyncio.wait_for(got.get(), 10) == "after"
+    finally:
+        reader.cancel()
+        await asyncio.gather(reader, return_exceptions=True)
