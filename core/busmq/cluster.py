@@ -33,6 +33,7 @@ import collections
 import logging
 import random
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import redis.exceptions as rex
@@ -48,7 +49,7 @@ from .keys import QueueKeys
 from .mux import Arg, Command, Endpoint, MuxClient
 from .notifier import Notifier
 from .shard import CONNECTION_ERRORS, Redirect, Shard, _is_wrong_node
-from .topology import ClusterTarget, parse_cluster_url
+from .topology import ClusterTarget, parse_cluster_url, ssl_kwargs
 
 log = logging.getLogger(__name__)
 _NOT_A_CLUSTER = "Cluster mode is not enabled"
@@ -85,7 +86,7 @@ class _AskingMux(MuxClient):
             raise reply
         return reply
 
-    async def execute_many(self, commands: list[Command]) -> list[Any]:  # type: ignore[override]
+    async def execute_many(self, commands: Sequence[Command]) -> list[Any]:
         interleaved: list[Command] = []
         for command in commands:
             interleaved += [(b"ASKING",), command]
@@ -181,7 +182,7 @@ class ClusterShard(Shard):
             "retry": Retry(NoBackoff(), 3),
         }
         if target.tls:
-            kwargs |= {"ssl": True, **dict(target.ssl_options)}
+            kwargs |= ssl_kwargs(target.ssl_options)
         client = RedisCluster(
             startup_nodes=[ClusterNode(host, port) for host, port in target.seeds], **kwargs
         )
@@ -307,7 +308,7 @@ def sync_cluster_client(target: ClusterTarget, *, connect_timeout: float, timeou
         "socket_timeout": timeout,
     }
     if target.tls:
-        kwargs |= {"ssl": True, **dict(target.ssl_options)}
+        kwargs |= ssl_kwargs(target.ssl_options)
     nodes = [
         redis.cluster.ClusterNode(host, port)  # type: ignore[no-untyped-call]
         for host, port in target.seeds

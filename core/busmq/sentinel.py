@@ -23,7 +23,7 @@ from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import NoBackoff
 
 from .errors import TopologyError
-from .topology import SentinelTarget, mask_url
+from .topology import SentinelTarget, mask_url, ssl_kwargs
 
 
 class SentinelBlockingPool(SentinelConnectionPool, BlockingConnectionPool):
@@ -53,7 +53,7 @@ def master_pool(
         "socket_connect_timeout": connect_timeout,
     }
     if target.tls:
-        kwargs |= {"ssl": True, **_ssl_kwargs(target)}
+        kwargs |= ssl_kwargs(target.ssl_options)
     return SentinelBlockingPool(target.service, sentinel, **kwargs)  # type: ignore[no-untyped-call]
 
 
@@ -75,7 +75,7 @@ def sync_master_client(
         "socket_timeout": timeout,
     }
     if target.tls:
-        kwargs |= {"ssl": True, **_ssl_kwargs(target)}
+        kwargs |= ssl_kwargs(target.ssl_options)
     client: redis.Redis = sentinel.master_for(target.service, **kwargs)  # type: ignore[no-untyped-call]
     return client
 
@@ -88,19 +88,8 @@ def _sentinel_kwargs(target: SentinelTarget, timeout: float) -> dict[str, Any]:
     if target.sentinel_password:
         kwargs["password"] = target.sentinel_password
     if target.sentinel_tls:
-        kwargs |= {"ssl": True, **_ssl_kwargs(target)}
+        kwargs |= ssl_kwargs(target.ssl_options)
     return kwargs
-
-
-def _ssl_kwargs(target: SentinelTarget) -> dict[str, Any]:
-    options: dict[str, Any] = dict(target.ssl_options)
-    if "ssl_check_hostname" in options:
-        options["ssl_check_hostname"] = options["ssl_check_hostname"].lower() in (
-            "yes",
-            "true",
-            "1",
-        )
-    return options
 
 
 async def check_service(sentinel: Sentinel, target: SentinelTarget, timeout: float) -> None:

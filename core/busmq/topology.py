@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
 
 STANDALONE_SCHEMES = ("redis", "rediss", "unix")
@@ -132,23 +133,11 @@ def parse_cluster_url(url: str) -> ClusterTarget:
     parts = urlsplit(url)
     if parts.scheme not in CLUSTER_SCHEMES:
         raise ValueError(f"{shown!r} is not a redis+cluster:// URL")
-    login, _, hosts = parts.netloc.rpartition("@")
-    username, password = _login(login)
-    seeds = tuple(_host_port(h, shown) for h in hosts.split(",") if h.strip())
-    if not seeds:
-        raise ValueError(f"cluster URL {shown!r} names no node (host:port,...)")
-    if len(set(seeds)) != len(seeds):
-        raise ValueError(f"cluster URL {shown!r} lists a node twice")
+    username, password, seeds = _login_and_hosts(parts.netloc, f"cluster URL {shown!r}", "node")
     if parts.path.strip("/"):
         raise ValueError(f"cluster URL {shown!r}: a cluster has no databases, drop the path")
-    options = dict(parse_qsl(parts.query, keep_blank_values=True))
-    unknown = sorted(set(options) - {"client_name"} - set(_SSL_OPTIONS))
-    if unknown:
-        raise ValueError(f"cluster URL {shown!r}: unknown option(s) {', '.join(unknown)}")
     tls = parts.scheme == "rediss+cluster"
-    ssl_options = tuple((k, v) for k, v in options.items() if k in _SSL_OPTIONS)
-    if ssl_options and not tls:
-        raise ValueError(f"cluster URL {shown!r}: ssl_* options need rediss+cluster://")
+    options, ssl_options = _options(parts.query, ("client_name",), tls, f"cluster URL {shown!r}")
     return ClusterTarget(
         url=url,
         seeds=seeds,
@@ -202,27 +191,17 @@ def parse_sentinel_url(url: str) -> SentinelTarget:
     parts = urlsplit(url)
     if parts.scheme not in SENTINEL_SCHEMES:
         raise ValueError(f"{shown!r} is not a redis+sentinel:// URL")
-    login, _, hosts = parts.netloc.rpartition("@")
-    username, password = _login(login)
-    sentinels = tuple(_host_port(h, shown) for h in hosts.split(",") if h.strip())
-    if not sentinels:
-        raise ValueError(f"Sentinel URL {shown!r} names no Sentinel (host:port,...)")
-    if len(set(sentinels)) != len(sentinels):
-        raise ValueError(f"Sentinel URL {shown!r} lists a Sentinel twice")
+    username, password, sentinels = _login_and_hosts(
+        parts.netloc, f"Sentinel URL {shown!r}", "Sentinel"
+    )
     service = unquote(parts.path.strip("/"))
     if not service or "/" in service:
         raise ValueError(
             f"Sentinel URL {shown!r} needs the master's service name as its path "
             "(redis+sentinel://host:port[,host:port]/SERVICE)"
         )
-    options = dict(parse_qsl(parts.query, keep_blank_values=True))
-    unknown = sorted(set(options) - set(_SENTINEL_OPTIONS) - set(_SSL_OPTIONS))
-    if unknown:
-        raise ValueError(f"Sentinel URL {shown!r}: unknown option(s) {', '.join(unknown)}")
     tls = parts.scheme == "rediss+sentinel"
-    ssl_options = tuple((k, v) for k, v in options.items() if k in _SSL_OPTIONS)
-    if ssl_options and not tls:
-        raise ValueError(f"Sentinel URL {shown!r}: ssl_* options need rediss+sentinel://")
+    options, ssl_options = _options(parts.query, _SENTINEL_OPTIONS, tls, f"Sentinel URL {shown!r}")
     return SentinelTarget(
         url=url,
         sentinels=sentinels,
@@ -239,6 +218,43 @@ def parse_sentinel_url(url: str) -> SentinelTarget:
     )
 
 
+def _options(
+    query: str, allowed: tuple[str, ...], tls: bool, where: str
+) -> tuple[dict[str, str], tuple[tuple[str, str], ...]]:
+    """A URL's query options (only ``allowed`` and ``ssl_*`` ones; ``ssl_*`` with TLS
+    only), and the ``ssl_*`` ones apart."""
+    options = dict(parse_qsl(query, keep_blank_values=True))
+    unknown = sorted(set(options) - set(allowed) - set(_SSL_OPTIONS))
+    if unknown:
+        raise ValueError(f"{where}: unknown option(s) {', '.join(unknown)}")
+    ssl_options = tuple((k, v) for k, v in options.items() if k in _SSL_OPTIONS)
+    if ssl_options and not tls:
+        raise ValueError(f"{where}: ssl_* options need rediss+...:// (TLS)")
+    return options, ssl_options
+
+
+def _login_and_hosts(
+    netloc: str, where: str, what: str
+) -> tuple[str | None, str | None, tuple[tuple[str, int], ...]]:
+    """``[user:password@]host:port[,host:port...]``: the login and the hosts."""
+    login, _, hosts = netloc.rpartition("@")
+    username, password = _login(login)
+    found = tuple(_host_port(h, where) for h in hosts.split(",") if h.strip())
+    if not found:
+        raise ValueError(f"{where} names no {what} (host:port,...)")
+    if len(set(found)) != len(found):
+        raise ValueError(f"{where} lists a {what} twice")
+    return username, password, found
+
+
+def ssl_kwargs(options: tuple[tuple[str, str], ...]) -> dict[str, Any]:
+    """redis-py's TLS keyword arguments from a URL's ``ssl_*`` options."""
+    kwargs: dict[str, Any] = {"ssl": True, **dict(options)}
+    if "ssl_check_hostname" in kwargs:
+        kwargs["ssl_check_hostname"] = kwargs["ssl_check_hostname"].lower() in ("yes", "true", "1")
+    return kwargs
+
+
 def _login(login: str) -> tuple[str | None, str | None]:
     if not login:
         return None, None
@@ -246,10 +262,10 @@ def _login(login: str) -> tuple[str | None, str | None]:
     return (unquote(user) or None), (unquote(password) if sep else None)
 
 
-def _host_port(text: str, shown: str) -> tuple[str, int]:
+def _host_port(text: str, where: str) -> tuple[str, int]:
     host, sep, port = text.strip().rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"Sentinel URL {shown!r}: {text.strip()!r} is not host:port")
+        raise ValueError(f"{where}: {text.strip()!r} is not host:port")
     return host.strip("[]"), int(port)
 
 

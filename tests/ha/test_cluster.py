@@ -23,12 +23,11 @@ from busmq import (
     TopologyError,
 )
 from busmq.cluster import ClusterShard
-from busmq.federation import FederationSettings, FederationTarget
 from busmq.topology import parse_cluster_url
 from tests.conftest import fast_settings
-from tests.federation.conftest import FAST_LINK
+from tests.ha.scenarios import queue_channel_service_and_persistable
 from tests.support.cluster import ClusterGroup
-from tests.support.gateway_process import GatewayProcess
+from tests.support.gateway_process import gateway_and_remote_bus
 from tests.support.redis_server import RedisServer, free_port
 from tests.support.waiting import eventually
 
@@ -160,22 +159,10 @@ async def test_300_queues_keep_order_while_busy_slots_move(
     assert sum(await asyncio.gather(*(q.count() for q in queues))) == 0
 
 
-async def test_replay_and_a_channel_on_a_cluster(cluster: ClusterGroup, make_bus: MakeBus) -> None:
-    bus = await make_bus([cluster.url])
-    async with bus.queue("history") as queue:
-        assert await queue.push_batch(["a", "b", "c"]) == [1, 2, 3]
-        async with queue.consume(Mode.REPLAY, from_id=2, max=2) as reader:
-            assert [d.data async for d in reader] == ["b", "c"]
-    server = bus.channel("chat", local="server", remote="client")
-    client = bus.channel("chat", local="client", remote="server")
-    await server.connect(Mode.AT_LEAST_ONCE)
-    await client.connect(Mode.AT_LEAST_ONCE)
-    await client.send("hello")
-    async for delivery in server:
-        assert delivery.data == "hello"
-        await delivery.ack()
-        break
-    await client.end()
+async def test_queue_channel_service_and_persistable_on_a_cluster(
+    cluster: ClusterGroup, make_bus: MakeBus
+) -> None:
+    await queue_channel_service_and_persistable(await make_bus([cluster.url]))
 
 
 # -- failover -----------------------------------------------------------------------------
@@ -252,34 +239,19 @@ async def test_replicas_1_loses_no_acknowledged_push_when_a_master_dies(
 async def test_a_federated_queue_through_a_gateway_on_a_cluster(
     cluster: ClusterGroup, tmp_path: Path
 ) -> None:
-    secret = "cluster-gateway-secret"
-    gateway = GatewayProcess(cluster.url, (secret,))
-    await gateway.start()
-    try:
-        async with (
-            RedisServer(tmp_path / "b-redis") as b_redis,
-            Bus(fast_settings([b_redis.url])) as bus_b,
-        ):
-            target = FederationTarget(f"http://{gateway.target}", secret=secret)
-            bus_b.configure_federation(
-                FederationSettings(
-                    targets=[target], outbox_path=tmp_path / "outbox.sqlite3", **FAST_LINK
-                )
-            )
-            names = [f"remote-{i}" for i in range(6)]  # on several masters
-            for name in names:
-                remote = bus_b.federate(bus_b.queue(name), target.url)
-                async with remote:
-                    assert await remote.push_batch([f"{name} a", f"{name} b"]) == [1, 2]
-                    async with remote.consume(Mode.AT_LEAST_ONCE, max=2) as consumer:
-                        got = []
-                        async for delivery in consumer:
-                            got.append(delivery.data)
-                            await delivery.ack()
-                    assert got == [f"{name} a", f"{name} b"]
-                    assert await remote.count() == 0
-    finally:
-        await gateway.stop()
+    async with gateway_and_remote_bus(cluster.url, tmp_path) as (bus_b, target_url):
+        names = [f"remote-{i}" for i in range(6)]  # on several masters
+        for name in names:
+            remote = bus_b.federate(bus_b.queue(name), target_url)
+            async with remote:
+                assert await remote.push_batch([f"{name} a", f"{name} b"]) == [1, 2]
+                async with remote.consume(Mode.AT_LEAST_ONCE, max=2) as consumer:
+                    got = []
+                    async for delivery in consumer:
+                        got.append(delivery.data)
+                        await delivery.ack()
+                assert got == [f"{name} a", f"{name} b"]
+                assert await remote.count() == 0
 
 
 async def test_idle_consumers_are_woken_on_the_slots_node_before_and_after_a_move(

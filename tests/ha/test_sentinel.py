@@ -18,14 +18,12 @@ from busmq import (
     DurabilityError,
     DurabilityUnsupportedError,
     Mode,
-    Request,
     TopologyError,
 )
-from busmq.federation import FederationSettings, FederationTarget
 from busmq.topology import mask_url, parse_sentinel_url, split_urls
 from tests.conftest import fast_settings
-from tests.federation.conftest import FAST_LINK
-from tests.support.gateway_process import GatewayProcess
+from tests.ha.scenarios import queue_channel_service_and_persistable
+from tests.support.gateway_process import gateway_and_remote_bus
 from tests.support.redis_server import RedisServer, free_port
 from tests.support.sentinel import SERVICE, SentinelGroup
 
@@ -196,40 +194,7 @@ async def test_queue_channel_service_and_persistable_on_a_sentinel_shard(
     sentinel_group: SentinelGroup, make_bus: MakeBus
 ) -> None:
     bus = await make_bus([sentinel_group.url])
-    async with bus.queue("jobs") as queue:
-        assert await queue.push_batch(["a", "b"]) == [1, 2]
-        async with queue.consume(Mode.REPLAY, from_id=0, max=2) as reader:
-            assert [d.data async for d in reader] == ["a", "b"]
-
-    server = bus.channel("chat", local="server", remote="client")
-    client = bus.channel("chat", local="client", remote="server")
-    await server.connect(Mode.AT_LEAST_ONCE)
-    await client.connect(Mode.AT_LEAST_ONCE)
-    await client.send("hello")
-    async for delivery in server:
-        assert delivery.data == "hello"
-        await delivery.ack()
-        break
-    await client.end()
-
-    service = bus.service("echo")
-
-    async def echo(request: Request) -> dict[str, object]:
-        return {"echo": request.data}
-
-    serving = asyncio.create_task(service.serve(echo))
-    try:
-        assert await service.request("hi", timeout=5) == {"echo": "hi"}
-    finally:
-        serving.cancel()
-        await asyncio.gather(serving, return_exceptions=True)
-
-    profile = bus.persistable("user:1", {"visits": 0})
-    await profile.load()
-    profile["visits"] += 1
-    await profile.save()
-    again = bus.persistable("user:1", {"visits": 0})
-    assert await again.load() and again["visits"] == 1
+    await queue_channel_service_and_persistable(bus)
 
 
 # -- the gateway and federation on a Sentinel shard ---------------------------------------
@@ -239,41 +204,27 @@ async def test_queue_channel_service_and_persistable_on_a_sentinel_shard(
 async def test_a_federated_queue_through_a_gateway_on_a_sentinel_shard_survives_failover(
     sentinel_group: SentinelGroup, tmp_path: Path
 ) -> None:
-    secret = "sentinel-gateway-secret"
-    gateway = GatewayProcess(sentinel_group.url, (secret,))
-    await gateway.start()
-    try:
-        async with (
-            RedisServer(tmp_path / "b-redis") as b_redis,
-            Bus(fast_settings([b_redis.url])) as bus_b,
-        ):
-            target = FederationTarget(f"http://{gateway.target}", secret=secret)
-            bus_b.configure_federation(
-                FederationSettings(
-                    targets=[target], outbox_path=tmp_path / "outbox.sqlite3", **FAST_LINK
-                )
-            )
-            remote = bus_b.federate(bus_b.queue("orders"), target.url)
-            async with remote:
-                got: list[str] = []
-                async with remote.consume(Mode.AT_LEAST_ONCE) as consumer:
-                    for i in range(100):
-                        await remote.push(f"before {i}")
-                    async for delivery in consumer:
+    async with gateway_and_remote_bus(sentinel_group.url, tmp_path) as (bus_b, target_url):
+        remote = bus_b.federate(bus_b.queue("orders"), target_url)
+        async with remote:
+            got: list[str] = []
+            async with remote.consume(Mode.AT_LEAST_ONCE) as consumer:
+                for i in range(100):
+                    await remote.push(f"before {i}")
+                async for delivery in consumer:
+                    got.append(delivery.data)
+                    await delivery.ack()
+                    if len(got) == 100:
+                        break
+                sentinel_group.master.kill()
+                await sentinel_group.wait_failover()
+                for i in range(100):  # refused or queued while the master is gone
+                    await remote.push(f"after {i}")
+                async for delivery in consumer:
+                    if delivery.data not in got:
                         got.append(delivery.data)
-                        await delivery.ack()
-                        if len(got) == 100:
-                            break
-                    sentinel_group.master.kill()
-                    await sentinel_group.wait_failover()
-                    for i in range(100):  # refused or queued while the master is gone
-                        await remote.push(f"after {i}")
-                    async for delivery in consumer:
-                        if delivery.data not in got:
-                            got.append(delivery.data)
-                        await delivery.ack()
-                        if len(got) == 200:
-                            break
-    finally:
-        await gateway.stop()
+                    await delivery.ack()
+                    if len(got) == 200:
+                        break
+
     assert got == [f"before {i}" for i in range(100)] + [f"after {i}" for i in range(100)]

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
 
+from busmq import Bus
 from tests.support.redis_server import free_port
 
 GATEWAY_CMD = [sys.executable, "-m", "busmq_gateway"]
@@ -74,3 +78,31 @@ class GatewayProcess:
         except TimeoutError:
             self.process.kill()
             await self.process.wait()
+
+
+@contextlib.asynccontextmanager
+async def gateway_and_remote_bus(
+    redis_url: str, directory: Path, secret: str = "ha-gateway-secret"
+) -> AsyncIterator[tuple[Bus, str]]:
+    """A gateway process on ``redis_url`` and, on a Redis of its own, a bus that
+    federates through it: yields the bus and the gateway's URL."""
+    from busmq.federation import FederationSettings, FederationTarget
+    from tests.conftest import fast_settings
+    from tests.federation.conftest import FAST_LINK
+    from tests.support.redis_server import RedisServer
+
+    gateway = GatewayProcess(redis_url, (secret,))
+    await gateway.start()
+    try:
+        async with (
+            RedisServer(directory / "remote-redis") as redis,
+            Bus(fast_settings([redis.url])) as bus,
+        ):
+            target = FederationTarget(f"http://{gateway.target}", secret=secret)
+            outbox = directory / "outbox.sqlite3"
+            bus.configure_federation(
+                FederationSettings(targets=[target], outbox_path=outbox, **FAST_LINK)
+            )
+            yield bus, target.url
+    finally:
+        await gateway.stop()
