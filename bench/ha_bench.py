@@ -87,6 +87,7 @@ async def in_processes(config: Config, url: str, scenario: str, processes: int) 
     parts = [Result(**json.loads(out)) for out, _ in outputs]
     total = Result("busmq", scenario)
     total.consumed_per_s = sum(p.consumed_per_s for p in parts)
+    total.client_cpu = sum(p.client_cpu for p in parts)  # Redis's is not measured here
     total.p50_ms = max(p.p50_ms for p in parts)
     total.p99_ms = max(p.p99_ms for p in parts)
     return total
@@ -125,7 +126,8 @@ async def main_async(args: argparse.Namespace) -> None:
 def report(results: dict[tuple[str, str, int, str], Result]) -> str:
     lines = [
         f"{'deployment':<12} {'durability':<11} {'procs':>5} {'flood consumed/s':>17}"
-        f" {'vs standalone':>14} {'rate p50 ms':>12} {'rate p99 ms':>12}",
+        f" {'vs standalone':>14} {'client cores':>12} {'redis cores':>12}"
+        f" {'rate p50 ms':>12} {'rate p99 ms':>12}",
     ]
     flood0 = results[("standalone", "async", 1, "amo")].consumed_per_s
     for kind, durability, processes in SETUPS:
@@ -133,7 +135,8 @@ def report(results: dict[tuple[str, str, int, str], Result]) -> str:
         rate = results[(kind, durability, processes, "rate")]
         lines.append(
             f"{kind:<12} {durability:<11} {processes:>5} {flood.consumed_per_s:>17,.0f}"
-            f" {flood.consumed_per_s / flood0:>13.2f}x {rate.p50_ms:>12.3f} {rate.p99_ms:>12.3f}"
+            f" {flood.consumed_per_s / flood0:>13.2f}x {flood.client_cpu:>12.2f}"
+            f" {flood.redis_cpu:>12.2f} {rate.p50_ms:>12.3f} {rate.p99_ms:>12.3f}"
         )
     return "\n".join(lines)
 
