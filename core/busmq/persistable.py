@@ -8,7 +8,10 @@ name ranks first on (rendezvous hashing), or on the shard that already holds it.
 loaded (in-place changes to lists and dicts count), with ``HSET`` and ``PEXPIRE`` in one
 ``MULTI`` round trip. Field-level writes mean that two owners of the same object
 changing *different* fields never clobber each other; on the *same* field the last
-save wins.
+save wins. A field this owner has never loaded or saved and that still holds its
+default is written with ``HSETNX`` (only where the stored object lacks it), and the
+stored value is read back in the same ``MULTI``: so two owners creating the same object
+at once, each setting one field, keep both fields, whoever saves last.
 
 Every save sets the object's expiry to ``ttl``. ``persist()`` keeps it alive while the
 owner runs (a task renews the expiry every third of the ttl); ``unpersist()`` stops
@@ -61,8 +64,12 @@ class PersistableStore(Protocol):
     method but ``write`` leaves a missing object missing.
     """
 
-    async def write(self, fields: dict[str, str], ttl_ms: int) -> None:
-        """Write ``fields`` and set the expiry to ``ttl_ms``, atomically."""
+    async def write(
+        self, fields: Mapping[str, str], ttl_ms: int, defaults: Mapping[str, str]
+    ) -> dict[str, str]:
+        """Write ``fields``, write each of ``defaults`` only where the object lacks that
+        field, and set the expiry to ``ttl_ms``, atomically. Returns the text stored
+        for each of ``defaults`` after the write (the default, or what was there)."""
 
     async def read(self, fields: Collection[str]) -> Mapping[str, str | bytes] | None:
         """The stored ones of ``fields`` (``None``: the object does not exist). Values
@@ -120,7 +127,8 @@ class PersistableBase(Mapping[str, Any]):
         self.events: EventHub[Event] = EventHub()
         self._store = store
         # Copies through JSON: defaults are validated, and never shared between objects.
-        self._values: dict[str, Any] = {f: json.loads(_encode(f, v)) for f, v in defaults.items()}
+        self._defaults = {f: _encode(f, v) for f, v in defaults.items()}
+        self._values: dict[str, Any] = {f: json.loads(t) for f, t in self._defaults.items()}
         self._saved: dict[str, str] = {}
         self._renewer: asyncio.Task[None] | None = None
         # Set to renew before the next third of the ttl is up (e.g. a link came back).
@@ -173,8 +181,11 @@ class PersistableBase(Mapping[str, Any]):
     async def save(self) -> list[str]:
         """Write the changed fields and refresh the expiry, in one round trip.
 
-        Returns the names of the fields written (none: nothing was sent). If the write
-        fails, the fields still count as changed, so the next ``save()`` sends them.
+        Returns the names of the fields written (none: nothing was sent). A field never
+        loaded or saved by this owner that still holds its default is written only where
+        the stored object lacks it; where another owner stored it, that value is kept and
+        becomes the local one. If the write fails, the fields still count as changed, so
+        the next ``save()`` sends them.
 
         Raises:
             InvalidMessageError: a field holds a value that is not JSON (nothing written).
@@ -182,8 +193,21 @@ class PersistableBase(Mapping[str, Any]):
         changes = self._changes()
         if not changes:
             return []
-        await self._store.write(changes, _ms(self.ttl))
-        self._saved.update(changes)
+        defaults = {
+            f: text
+            for f, text in changes.items()
+            if f not in self._saved and text == self._defaults[f]
+        }
+        fields = {f: text for f, text in changes.items() if f not in defaults}
+        stored = await self._store.write(fields, _ms(self.ttl), defaults)
+        self._saved.update(fields)
+        for field, text in stored.items():
+            if field in defaults and text != defaults[field]:
+                try:
+                    self._values[field] = json.loads(text)
+                except ValueError:  # written by another program: left to the next load()
+                    continue
+            self._saved[field] = text
         written = sorted(changes)
         self.events.emit(Event("saved", self.name, details={"fields": written}))
         return written
@@ -351,14 +375,28 @@ class RedisStore:
         self._bus = bus
         self._shard: Shard | None = None
 
-    async def write(self, fields: dict[str, str], ttl_ms: int) -> None:
-        async def write(client: aioredis.Redis) -> None:
+    async def write(
+        self, fields: Mapping[str, str], ttl_ms: int, defaults: Mapping[str, str]
+    ) -> dict[str, str]:
+        async def write(client: aioredis.Redis) -> list[Any]:
             pipe = client.pipeline(transaction=True)
-            pipe.hset(self.key, mapping=fields)  # type: ignore[arg-type]
+            if fields:
+                pipe.hset(self.key, mapping=dict(fields))  # type: ignore[arg-type]
+            for field, text in defaults.items():
+                pipe.hsetnx(self.key, field, text)
             pipe.pexpire(self.key, ttl_ms)
-            await pipe.execute()
+            if defaults:
+                pipe.hmget(self.key, list(defaults))
+            return await pipe.execute()
 
-        await self._run(write)
+        replies = await self._run(write)
+        if not defaults:
+            return {}
+        stored: list[bytes | None] = replies[-1]
+        return {
+            field: text if value is None else value.decode("utf-8", "replace")
+            for (field, text), value in zip(defaults.items(), stored, strict=True)
+        }
 
     async def read(self, fields: Collection[str]) -> dict[str, str | bytes] | None:
         raw: dict[bytes, bytes] = await self._run(

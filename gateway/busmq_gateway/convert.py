@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from google.protobuf import duration_pb2
@@ -128,17 +128,22 @@ def message_to_proto(message: Message, headers: dict[str, str] | None = None) ->
     return types_pb2.Message(**message_fields(message, headers))
 
 
-def json_fields(fields: dict[str, str]) -> dict[str, Any]:
-    """Field names to the values of their JSON texts."""
-    values: dict[str, Any] = {}
+def check_json_fields(fields: Mapping[str, str]) -> None:
+    """Refuse empty field names and texts that are not strict JSON (``NaN`` and
+    ``Infinity`` are not JSON values)."""
     for name, text in fields.items():
+        if not name:
+            raise RequestError("field names must be non-empty")
         try:
-            values[name] = json.loads(text)
+            json.loads(text, parse_constant=_refuse_constant)
         except ValueError as exc:
             raise RequestError(
                 f"field {name!r}: not valid JSON: {exc}", reason="INVALID_MESSAGE"
             ) from None
-    return values
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
 
 
 def optional_seconds(message: Any, field_name: str, default: float | None = None) -> float | None:

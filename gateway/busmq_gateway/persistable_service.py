@@ -1,8 +1,8 @@
 """``busmq.v1.PersistableService``: save, load, keep alive and delete persistable objects.
 
-Saves and loads build a core ``Persistable`` tracking the fields the request names: on
-save every one counts as changed, so exactly the fields the client sent are written.
-Renewal and deletion touch the stored object alone (``RedisStore``).
+Saves, renewals and deletions go to the stored object (``RedisStore``): a save writes
+exactly the fields the client sent (its defaults only where the object lacks them).
+Loads build a core ``Persistable`` tracking the fields the request names.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from busmq.persistable import RedisStore
 from busmq.v1 import persistable_service_pb2 as pb
 from busmq.v1 import persistable_service_pb2_grpc as pb_grpc
 
-from .convert import duration, json_fields, optional_seconds
+from .convert import check_json_fields, duration, optional_seconds
 from .errors import NotFound, RequestError, unary
 
 
@@ -29,12 +29,14 @@ class PersistableService(pb_grpc.PersistableServiceServicer):
     async def SavePersistable(
         self, request: pb.SavePersistableRequest, context: grpc.aio.ServicerContext
     ) -> pb.SavePersistableResponse:
-        if not request.fields:
-            raise RequestError("fields must name at least one field")
-        values = json_fields(dict(request.fields))
-        obj = Persistable(self._bus, request.name, values, ttl=optional_seconds(request, "ttl"))
-        await obj.save()
-        return pb.SavePersistableResponse()
+        if not request.fields and not request.defaults:
+            raise RequestError("fields or defaults must name at least one field")
+        fields, defaults = dict(request.fields), dict(request.defaults)
+        if both := fields.keys() & defaults.keys():
+            raise RequestError(f"fields named both as a field and a default: {sorted(both)}")
+        check_json_fields(fields | defaults)
+        stored = await self._store(request.name).write(fields, self._ttl_ms(request), defaults)
+        return pb.SavePersistableResponse(defaults=stored)
 
     @unary
     async def LoadPersistable(
@@ -61,9 +63,7 @@ class PersistableService(pb_grpc.PersistableServiceServicer):
     async def RenewPersistable(
         self, request: pb.RenewPersistableRequest, context: grpc.aio.ServicerContext
     ) -> pb.RenewPersistableResponse:
-        ttl = optional_seconds(request, "ttl", self._bus.settings.default_ttl)
-        assert ttl is not None
-        if not await self._store(request.name).expire(max(1, int(ttl * 1000))):
+        if not await self._store(request.name).expire(self._ttl_ms(request)):
             raise NotFound(f"persistable {request.name!r} does not exist", "PERSISTABLE_NOT_FOUND")
         return pb.RenewPersistableResponse()
 
@@ -73,6 +73,11 @@ class PersistableService(pb_grpc.PersistableServiceServicer):
     ) -> pb.DeletePersistableResponse:
         await self._store(request.name).delete()
         return pb.DeletePersistableResponse()
+
+    def _ttl_ms(self, request: pb.SavePersistableRequest | pb.RenewPersistableRequest) -> int:
+        ttl = optional_seconds(request, "ttl", self._bus.settings.default_ttl)
+        assert ttl is not None
+        return max(1, int(ttl * 1000))
 
     def _store(self, name: str) -> RedisStore:
         """The stored object alone, for calls that read and write no field."""

@@ -78,6 +78,45 @@ async def test_writers_of_different_fields_never_clobber_each_other(bus: Bus) ->
     assert dict(third) == {"a": 1, "b": 2}
 
 
+async def test_owners_creating_one_object_at_once_keep_each_others_fields(bus: Bus) -> None:
+    first = Persistable(bus, "new-user", {"visits": 0, "name": None})
+    second = Persistable(bus, "new-user", {"visits": 0, "name": None})
+    assert await first.load() is False and await second.load() is False
+    first["visits"] = 5
+    second["name"] = "ada"
+    assert await first.save() == ["name", "visits"]
+    # The second save's untouched default of "visits" must not overwrite the 5.
+    assert await second.save() == ["name", "visits"]
+    assert dict(second) == {"visits": 5, "name": "ada"}  # the stored value is adopted
+    assert second.changed == set()
+
+    reader = Persistable(bus, "new-user", ["visits", "name"])
+    assert await reader.load()
+    assert dict(reader) == {"visits": 5, "name": "ada"}
+    assert await first.load() and dict(first) == {"visits": 5, "name": "ada"}
+
+
+async def test_concurrent_first_saves_of_different_fields_both_land(bus: Bus) -> None:
+    owners = [Persistable(bus, "race", {"a": 0, "b": 0, "c": 0}) for _ in range(3)]
+    for owner, field in zip(owners, "abc", strict=True):
+        owner[field] = 1
+    await asyncio.gather(*(o.save() for o in owners))
+    reader = Persistable(bus, "race", ["a", "b", "c"])
+    assert await reader.load()
+    assert dict(reader) == {"a": 1, "b": 1, "c": 1}
+
+
+async def test_setting_a_loaded_field_back_to_its_default_is_written(bus: Bus) -> None:
+    writer = Persistable(bus, "counter", {"n": 0})
+    writer["n"] = 3
+    await writer.save()
+    resetter = Persistable(bus, "counter", {"n": 0})
+    assert await resetter.load() and resetter["n"] == 3
+    resetter["n"] = 0  # a field it has read: an explicit reset, not a default
+    assert await resetter.save() == ["n"]
+    assert await writer.load() and writer["n"] == 0
+
+
 async def test_keep_alive_holds_while_persisted_and_the_object_expires_after_unpersist(
     redis_server: RedisServer, make_bus: Callable[..., Any]
 ) -> None:

@@ -59,6 +59,21 @@ async def test_only_changed_fields_travel_so_a_concurrent_writer_in_a_is_not_clo
     assert await remote.load() and dict(remote) == {"a": 1, "b": 2}
 
 
+async def test_a_first_save_in_b_keeps_a_field_a_new_object_got_in_a_meanwhile(
+    dc_a: DatacenterA, dc_b: Bus
+) -> None:
+    remote = dc_b.federate(dc_b.persistable("fresh", {"visits": 0, "name": None}), dc_a.url)
+    assert await remote.load() is False
+    local = dc_a.bus.persistable("fresh", {"visits": 0, "name": None})
+    local["visits"] = 5
+    await local.save()
+    remote["name"] = "ada"
+    assert await remote.save() == ["name", "visits"]
+    assert dict(remote) == {"visits": 5, "name": "ada"}
+
+    assert await local.load() and dict(local) == {"visits": 5, "name": "ada"}
+
+
 async def test_exists_remaining_ttl_touch_and_delete_act_on_the_object_in_a(
     dc_a: DatacenterA, dc_b: Bus
 ) -> None:

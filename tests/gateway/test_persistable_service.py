@@ -49,6 +49,20 @@ async def test_a_save_writes_exactly_the_fields_sent_and_load_reads_them_back(
     assert not missing.exists and not missing.fields and not missing.HasField("ttl")
 
 
+async def test_defaults_are_written_only_where_the_object_lacks_them(
+    gateway: GatewayUnderTest,
+) -> None:
+    await save(gateway, "user:9", visits=5)
+    request = pb.SavePersistableRequest(
+        name="user:9", fields={"name": '"ada"'}, defaults={"visits": "0", "tags": "[]"}
+    )
+    response = await gateway.persistables.SavePersistable(request, metadata=AUTH)
+    assert dict(response.defaults) == {"visits": "5", "tags": "[]"}  # what is stored now
+    loaded = await load(gateway, "user:9", "visits", "name", "tags")
+    stored = {k: json.loads(v) for k, v in loaded.fields.items()}
+    assert stored == {"visits": 5, "name": "ada", "tags": []}
+
+
 async def test_ttl_on_save_and_renew_keep_an_object_alive(gateway: GatewayUnderTest) -> None:
     await save(gateway, "session", ttl=60, token="abc")
     assert 50 < (await load(gateway, "session", "token")).ttl.seconds <= 60
@@ -93,6 +107,11 @@ async def test_delete_removes_the_object_for_every_client_and_a_missing_one_is_f
         (pb.SavePersistableRequest(name="obj", fields={"a": "NaN"}), "INVALID_MESSAGE"),
         (pb.SavePersistableRequest(name="obj", fields={}), "INVALID_ARGUMENT"),
         (pb.SavePersistableRequest(name="obj", fields={"": "1"}), "INVALID_ARGUMENT"),
+        (pb.SavePersistableRequest(name="obj", defaults={"a": "Infinity"}), "INVALID_MESSAGE"),
+        (
+            pb.SavePersistableRequest(name="obj", fields={"a": "1"}, defaults={"a": "2"}),
+            "INVALID_ARGUMENT",
+        ),
         (
             pb.SavePersistableRequest(
                 name="obj", fields={"a": "1"}, ttl=duration_pb2.Duration(seconds=-5)

@@ -8,7 +8,7 @@ with the storage calls going to the gateway's ``busmq.v1.PersistableService``.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -109,9 +109,15 @@ class GatewayStore:
         self._link = link
         self._probe_field = probe_field
 
-    async def write(self, fields: dict[str, str], ttl_ms: int) -> None:
-        request = pb.SavePersistableRequest(name=self.name, fields=fields, ttl=_duration(ttl_ms))
-        await self._call("SavePersistable", request)
+    async def write(
+        self, fields: Mapping[str, str], ttl_ms: int, defaults: Mapping[str, str]
+    ) -> dict[str, str]:
+        request = pb.SavePersistableRequest(
+            name=self.name, fields=fields, defaults=defaults, ttl=_duration(ttl_ms)
+        )
+        response = await self._call("SavePersistable", request)
+        assert response is not None  # only renewals may find the object missing
+        return dict(response.defaults)
 
     async def read(self, fields: Collection[str]) -> dict[str, str] | None:
         response = await self._load(fields)

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"busmq/v1/persistable_service.proto\x12\x08\x62usmq.v1\x1a\x1egoogle/protobuf/duration.proto\"\xbb\x01\n\x16SavePersistableRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12<\n\x06\x66ields\x18\x02 \x03(\x0b\x32,.busmq.v1.SavePersistableRequest.FieldsEntry\x12&\n\x03ttl\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x1a-\n\x0b\x46ieldsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x19\n\x17SavePersistableResponse\"6\n\x16LoadPersistableRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06\x66ields\x18\x02 \x03(\t\"\xbf\x01\n\x17LoadPersistableResponse\x12\x0e\n\x06\x65xists\x18\x01 \x01(\x08\x12=\n\x06\x66ields\x18\x02 \x03(\x0b\x32-.busmq.v1.LoadPersistableResponse.FieldsEntry\x12&\n\x03ttl\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x1a-\n\x0b\x46ieldsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"O\n\x17RenewPersistableRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12&\n\x03ttl\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x1a\n\x18RenewPersistableResponse\"(\n\x18\x44\x65letePersistableRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x1b\n\x19\x44\x65letePersistableResponse2\xfd\x02\n\x12PersistableService\x12V\n\x0fSavePersistable\x12 .busmq.v1.SavePersistableRequest\x1a!.busmq.v1.SavePersistableResponse\x12V\n\x0fLoadPersistable\x12 .busmq.v1.LoadPersistableRequest\x1a!.busmq.v1.LoadPersistableResponse\x12Y\n\x10RenewPersistable\x12!.busmq.v1.RenewPersistableRequest\x1a\".busmq.v1.RenewPersistableResponse\x12\\\n\x11\x44\x65letePersistable\x12\".busmq.v1.DeletePersistableRequest\x1a#.busmq.v1.DeletePersistableResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"busmq/v1/persistable_service.proto\x12\x08\x62usmq.v1\x1a\x1egoogle/protobuf/duration.proto\"\xae\x02\n\x16SavePersistableRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12<\n\x06\x66ields\x18\x02 \x03(\x0b\x32,.busmq.v1.SavePersistableRequest.FieldsEntry\x12&\n\x03ttl\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12@\n\x08\x64\x65\x66\x61ults\x18\x04 \x03(\x0b\x32..busmq.v1.SavePersistableRequest.DefaultsEntry\x1a-\n\x0b\x46ieldsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a/\n\rDefaultsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x8d\x01\n\x17SavePersistableResponse\x12\x41\n\x08\x64\x65\x66\x61ults\x18\x01 \x03(\x0b\x32/.busmq.v1.SavePersistableResponse.DefaultsEntry\x1a/\n\rDefaultsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"6\n\x16LoadPersistableRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06\x66ields\x18\x02 \x03(\t\"\xbf\x01\n\x17LoadPersistableResponse\x12\x0e\n\x06\x65xists\x18\x01 \x01(\x08\x12=\n\x06\x66ields\x18\x02 \x03(\x0b\x32-.busmq.v1.LoadPersistableResponse.FieldsEntry\x12&\n\x03ttl\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x1a-\n\x0b\x46ieldsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"O\n\x17RenewPersistableRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12&\n\x03ttl\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x1a\n\x18RenewPersistableResponse\"(\n\x18\x44\x65letePersistableRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x1b\n\x19\x44\x65letePersistableResponse2\xfd\x02\n\x12PersistableService\x12V\n\x0fSavePersistable\x12 .busmq.v1.SavePersistableRequest\x1a!.busmq.v1.SavePersistableResponse\x12V\n\x0fLoadPersistable\x12 .busmq.v1.LoadPersistableRequest\x1a!.busmq.v1.LoadPersistableResponse\x12Y\n\x10RenewPersistable\x12!.busmq.v1.RenewPersistableRequest\x1a\".busmq.v1.RenewPersistableResponse\x12\\\n\x11\x44\x65letePersistable\x12\".busmq.v1.DeletePersistableRequest\x1a#.busmq.v1.DeletePersistableResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,28 +34,36 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SAVEPERSISTABLEREQUEST_FIELDSENTRY']._loaded_options = None
   _globals['_SAVEPERSISTABLEREQUEST_FIELDSENTRY']._serialized_options = b'8\001'
+  _globals['_SAVEPERSISTABLEREQUEST_DEFAULTSENTRY']._loaded_options = None
+  _globals['_SAVEPERSISTABLEREQUEST_DEFAULTSENTRY']._serialized_options = b'8\001'
+  _globals['_SAVEPERSISTABLERESPONSE_DEFAULTSENTRY']._loaded_options = None
+  _globals['_SAVEPERSISTABLERESPONSE_DEFAULTSENTRY']._serialized_options = b'8\001'
   _globals['_LOADPERSISTABLERESPONSE_FIELDSENTRY']._loaded_options = None
   _globals['_LOADPERSISTABLERESPONSE_FIELDSENTRY']._serialized_options = b'8\001'
   _globals['_SAVEPERSISTABLEREQUEST']._serialized_start=81
-  _globals['_SAVEPERSISTABLEREQUEST']._serialized_end=268
-  _globals['_SAVEPERSISTABLEREQUEST_FIELDSENTRY']._serialized_start=223
-  _globals['_SAVEPERSISTABLEREQUEST_FIELDSENTRY']._serialized_end=268
-  _globals['_SAVEPERSISTABLERESPONSE']._serialized_start=270
-  _globals['_SAVEPERSISTABLERESPONSE']._serialized_end=295
-  _globals['_LOADPERSISTABLEREQUEST']._serialized_start=297
-  _globals['_LOADPERSISTABLEREQUEST']._serialized_end=351
-  _globals['_LOADPERSISTABLERESPONSE']._serialized_start=354
-  _globals['_LOADPERSISTABLERESPONSE']._serialized_end=545
-  _globals['_LOADPERSISTABLERESPONSE_FIELDSENTRY']._serialized_start=223
-  _globals['_LOADPERSISTABLERESPONSE_FIELDSENTRY']._serialized_end=268
-  _globals['_RENEWPERSISTABLEREQUEST']._serialized_start=547
-  _globals['_RENEWPERSISTABLEREQUEST']._serialized_end=626
-  _globals['_RENEWPERSISTABLERESPONSE']._serialized_start=628
-  _globals['_RENEWPERSISTABLERESPONSE']._serialized_end=654
-  _globals['_DELETEPERSISTABLEREQUEST']._serialized_start=656
-  _globals['_DELETEPERSISTABLEREQUEST']._serialized_end=696
-  _globals['_DELETEPERSISTABLERESPONSE']._serialized_start=698
-  _globals['_DELETEPERSISTABLERESPONSE']._serialized_end=725
-  _globals['_PERSISTABLESERVICE']._serialized_start=728
-  _globals['_PERSISTABLESERVICE']._serialized_end=1109
+  _globals['_SAVEPERSISTABLEREQUEST']._serialized_end=383
+  _globals['_SAVEPERSISTABLEREQUEST_FIELDSENTRY']._serialized_start=289
+  _globals['_SAVEPERSISTABLEREQUEST_FIELDSENTRY']._serialized_end=334
+  _globals['_SAVEPERSISTABLEREQUEST_DEFAULTSENTRY']._serialized_start=336
+  _globals['_SAVEPERSISTABLEREQUEST_DEFAULTSENTRY']._serialized_end=383
+  _globals['_SAVEPERSISTABLERESPONSE']._serialized_start=386
+  _globals['_SAVEPERSISTABLERESPONSE']._serialized_end=527
+  _globals['_SAVEPERSISTABLERESPONSE_DEFAULTSENTRY']._serialized_start=336
+  _globals['_SAVEPERSISTABLERESPONSE_DEFAULTSENTRY']._serialized_end=383
+  _globals['_LOADPERSISTABLEREQUEST']._serialized_start=529
+  _globals['_LOADPERSISTABLEREQUEST']._serialized_end=583
+  _globals['_LOADPERSISTABLERESPONSE']._serialized_start=586
+  _globals['_LOADPERSISTABLERESPONSE']._serialized_end=777
+  _globals['_LOADPERSISTABLERESPONSE_FIELDSENTRY']._serialized_start=289
+  _globals['_LOADPERSISTABLERESPONSE_FIELDSENTRY']._serialized_end=334
+  _globals['_RENEWPERSISTABLEREQUEST']._serialized_start=779
+  _globals['_RENEWPERSISTABLEREQUEST']._serialized_end=858
+  _globals['_RENEWPERSISTABLERESPONSE']._serialized_start=860
+  _globals['_RENEWPERSISTABLERESPONSE']._serialized_end=886
+  _globals['_DELETEPERSISTABLEREQUEST']._serialized_start=888
+  _globals['_DELETEPERSISTABLEREQUEST']._serialized_end=928
+  _globals['_DELETEPERSISTABLERESPONSE']._serialized_start=930
+  _globals['_DELETEPERSISTABLERESPONSE']._serialized_end=957
+  _globals['_PERSISTABLESERVICE']._serialized_start=960
+  _globals['_PERSISTABLESERVICE']._serialized_end=1341
 # @@protoc_insertion_point(module_scope)

@@ -10,8 +10,15 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SavePersistableRequest(_message.Message):
-    __slots__ = ("name", "fields", "ttl")
+    __slots__ = ("name", "fields", "ttl", "defaults")
     class FieldsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class DefaultsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -21,14 +28,25 @@ class SavePersistableRequest(_message.Message):
     NAME_FIELD_NUMBER: _ClassVar[int]
     FIELDS_FIELD_NUMBER: _ClassVar[int]
     TTL_FIELD_NUMBER: _ClassVar[int]
+    DEFAULTS_FIELD_NUMBER: _ClassVar[int]
     name: str
     fields: _containers.ScalarMap[str, str]
     ttl: _duration_pb2.Duration
-    def __init__(self, name: _Optional[str] = ..., fields: _Optional[_Mapping[str, str]] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    defaults: _containers.ScalarMap[str, str]
+    def __init__(self, name: _Optional[str] = ..., fields: _Optional[_Mapping[str, str]] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., defaults: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class SavePersistableResponse(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("defaults",)
+    class DefaultsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    DEFAULTS_FIELD_NUMBER: _ClassVar[int]
+    defaults: _containers.ScalarMap[str, str]
+    def __init__(self, defaults: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class LoadPersistableRequest(_message.Message):
     __slots__ = ("name", "fields")
