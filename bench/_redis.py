@@ -58,12 +58,17 @@ class LocalRedis:
 
     def cpu_seconds(self) -> float:
         """User+system CPU time the server has used so far (from /proc)."""
-        try:
-            fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            return 0.0
-        ticks = int(fields[11]) + int(fields[12])  # utime, stime
-        return ticks / _CLK_TCK
+        return process_cpu_seconds(self.pid)
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User+system CPU time process ``pid`` has used so far (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    ticks = int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / _CLK_TCK
 
 
 try:
@@ -217,6 +222,10 @@ class LocalCluster:
     @property
     def url(self) -> str:
         return "redis+cluster://" + ",".join(f"127.0.0.1:{m.port}" for m in self.masters)
+
+    @property
+    def pids(self) -> list[int]:
+        return [m.pid for m in self.masters]
 
     def cpu_seconds(self) -> float:
         return sum(m.cpu_seconds() for m in self.masters)

@@ -28,10 +28,12 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from _redis import (  # bench/ is sys.path[0]
+    LocalCluster,
     RedisTarget,
     local_cluster,
     local_redis,
     local_sentinel_shard,
+    process_cpu_seconds,
 )
 from core_bench import Config, Result, run_busmq
 
@@ -47,12 +49,13 @@ SETUPS = (  # deployment, durability, client processes
 
 @dataclass
 class UrlTarget:
-    """A deployment another process started (its CPU is not measured here)."""
+    """A deployment another process started: its Redis processes are ``pids``."""
 
     url: str
+    pids: list[int]
 
     def cpu_seconds(self) -> float:
-        return 0.0
+        return sum(process_cpu_seconds(pid) for pid in self.pids)
 
 
 @contextlib.contextmanager
@@ -68,7 +71,9 @@ def deployment(kind: str) -> Iterator[RedisTarget]:
             yield cluster
 
 
-async def in_processes(config: Config, url: str, scenario: str, processes: int) -> Result:
+async def in_processes(
+    config: Config, target: LocalCluster, scenario: str, processes: int
+) -> Result:
     """Run ``scenario`` from ``processes`` processes, each on its share of the queues."""
     share = replace(config, queues=config.queues // processes, rate=config.rate / processes)
     workers = [
@@ -77,7 +82,7 @@ async def in_processes(config: Config, url: str, scenario: str, processes: int) 
             str(Path(__file__)),
             "--worker",
             json.dumps({**asdict(share), "name_prefix": f"p{i}", "bus_settings": []}),
-            url,
+            json.dumps({"url": target.url, "pids": target.pids}),
             scenario,
             stdout=asyncio.subprocess.PIPE,
         )
@@ -87,7 +92,9 @@ async def in_processes(config: Config, url: str, scenario: str, processes: int) 
     parts = [Result(**json.loads(out)) for out, _ in outputs]
     total = Result("busmq", scenario)
     total.consumed_per_s = sum(p.consumed_per_s for p in parts)
-    total.client_cpu = sum(p.client_cpu for p in parts)  # Redis's is not measured here
+    total.client_cpu = sum(p.client_cpu for p in parts)
+    # Each worker measured the whole cluster's CPU over its own (nearly equal) window.
+    total.redis_cpu = sum(p.redis_cpu for p in parts) / len(parts)
     total.p50_ms = max(p.p50_ms for p in parts)
     total.p99_ms = max(p.p99_ms for p in parts)
     return total
@@ -118,7 +125,8 @@ async def main_async(args: argparse.Namespace) -> None:
                 if processes == 1:
                     result = await run_busmq(config, target, scenario)
                 else:
-                    result = await in_processes(config, target.url, scenario, processes)
+                    assert isinstance(target, LocalCluster)
+                    result = await in_processes(config, target, scenario, processes)
                 results[(kind, durability, processes, scenario)] = result
     print(report(results))
 
@@ -141,10 +149,11 @@ def report(results: dict[tuple[str, str, int, str], Result]) -> str:
     return "\n".join(lines)
 
 
-def run_worker(config_json: str, url: str, scenario: str) -> None:
+def run_worker(config_json: str, target_json: str, scenario: str) -> None:
     fields = json.loads(config_json)
     fields["bus_settings"] = tuple(map(tuple, fields["bus_settings"]))
-    result = asyncio.run(run_busmq(Config(**fields), UrlTarget(url), scenario))
+    target = UrlTarget(**json.loads(target_json))
+    result = asyncio.run(run_busmq(Config(**fields), target, scenario))
     print(json.dumps(asdict(result)))
 
 
@@ -155,7 +164,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--queues", type=int, default=100)
     p.add_argument("--rate", type=float, default=5000.0, help="total msg/s of the rate run")
     p.add_argument(
-        "--worker", nargs=3, metavar=("CONFIG", "URL", "SCENARIO"), help=argparse.SUPPRESS
+        "--worker", nargs=3, metavar=("CONFIG", "TARGET", "SCENARIO"), help=argparse.SUPPRESS
     )
     return p.parse_args(argv)
 

@@ -308,7 +308,7 @@ class Shard:
             return
         self.last_error = exc
         if self.state is not ShardState.OFFLINE:
-            log.warning("redis shard %s offline: %s", self.label, exc)
+            log.warning("redis shard %s offline: %s: %s", self.label, type(exc).__name__, exc)
             self._events.emit(Event("error", self.label, error=exc))
         self._set_state(ShardState.OFFLINE)
         self._wake_monitor.set()
