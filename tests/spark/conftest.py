@@ -1,10 +1,10 @@
-"""One SparkSession for all Spark tests (the JVM starts once), and real Redis shards."""
+"""Real Redis shards for the Spark tests (their SparkSession, ``spark``, is the session-wide
+one of ``tests.support.readme``, shared with the README's Spark example)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -12,18 +12,6 @@ from tests.support.redis_server import RedisServer
 
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
-    from busmq.spark import local_session
-
-    # local[2,2]: two threads, and a failed task is retried once (maxFailures 2).
-    session = local_session(
-        "busmq-tests", master="local[2,2]", **{"spark.python.worker.reuse": "true"}
-    )
-    yield session
-    session.stop()
 
 
 @pytest.fixture

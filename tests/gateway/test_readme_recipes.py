@@ -1,0 +1,84 @@
+"""The README's shell recipes, run as a new user would: the first command
+(``bash scripts/run.sh``), then the grpcurl block that follows it, as written but for the
+port (a free one instead of 8443)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.support.redis_server import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+DOCUMENTED_ADDRESS = "127.0.0.1:8443"
+
+pytestmark = pytest.mark.slow
+
+
+def bash_blocks(markdown: str) -> list[str]:
+    return re.findall(r"^```bash\n(.*?)^```$", markdown, flags=re.MULTILINE | re.DOTALL)
+
+
+def grpcurl_recipe() -> str:
+    [block] = [b for b in bash_blocks(README.read_text()) if "grpcurl" in b]
+    return block
+
+
+async def test_the_grpcurl_recipe_works_right_after_scripts_run_sh(tmp_path: Path) -> None:
+    recipe = grpcurl_recipe()
+    assert DOCUMENTED_ADDRESS in recipe
+    address = f"127.0.0.1:{free_port()}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BUSMQ_")}
+    env["BUSMQ_DATA_DIR"] = str(tmp_path / "redis")  # the embedded Redis's data
+    gateway = await asyncio.create_subprocess_exec(
+        "bash", "scripts/run.sh", "--listen", address,
+        cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    assert gateway.stdout is not None
+    output: list[str] = []
+    try:
+        async with asyncio.timeout(180):  # setup.sh may install what is missing
+            while not any("busmq gateway ready" in line for line in output):
+                line = await gateway.stdout.readline()
+                assert line, "run.sh exited:\n" + "".join(output)
+                output.append(line.decode())
+        embedded = [p for p in psutil.Process(gateway.pid).children() if "redis" in p.name()]
+        assert embedded, "the gateway runs on an embedded redis-server"
+
+        shell = await asyncio.create_subprocess_exec(
+            "bash", "-euo", "pipefail", "-c", recipe.replace(DOCUMENTED_ADDRESS, address),
+            cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await asyncio.wait_for(shell.communicate(), 60)
+        assert shell.returncode == 0, err.decode()
+        text = out.decode()
+        assert "busmq.v1.QueueService" in text and "grpc.health.v1.Health" in text
+        replies = [json.loads(doc) for doc in split_json_documents(text)]
+        pushed = next(r for r in replies if "ids" in r)
+        delivered = next(r for r in replies if "delivery" in r)["delivery"]["message"]
+        assert delivered["payload"] == "aGk="  # "hi", as pushed
+        assert delivered["id"] == pushed["ids"][0]
+    finally:
+        if gateway.returncode is None:
+            gateway.send_signal(signal.SIGINT)  # Ctrl-C, as the README says
+        code = await asyncio.wait_for(gateway.wait(), 30)
+    assert code == 0, "".join(output)
+    assert not any(p.is_running() and p.status() != "zombie" for p in embedded)
+
+
+def split_json_documents(text: str) -> list[str]:
+    """grpcurl prints one JSON document per reply, after the plain ``list`` lines."""
+    decoder, documents, index = json.JSONDecoder(), [], text.find("{")
+    while index != -1:
+        _, end = decoder.raw_decode(text, index)
+        documents.append(text[index:end])
+        index = text.find("{", end)
+    return documents
