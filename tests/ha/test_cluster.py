@@ -174,6 +174,7 @@ async def test_queue_channel_service_and_persistable_on_a_cluster(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(200)  # its own waits fail first, naming the phase that stalled
 async def test_replicas_1_loses_no_acknowledged_push_when_a_master_dies(
     tmp_path: Path,
 ) -> None:
@@ -225,7 +226,14 @@ async def test_replicas_1_loses_no_acknowledged_push_when_a_master_dies(
                 return victim not in await group.masters() and len(await group.masters()) == 3
 
             await eventually(promoted, timeout=30, what="a replica promoted")
-            await asyncio.wait_for(producers, 120)
+            try:
+                await asyncio.wait_for(asyncio.shield(producers), 60)
+            except TimeoutError:
+                shard = bus.shards[0]
+                raise AssertionError(
+                    f"producers stalled at {len(acknowledged)} acknowledged pushes; shard "
+                    f"{shard.state.value}, last error {shard.last_error!r}"
+                ) from None
 
             async def drained() -> bool:
                 counts = await asyncio.gather(*(q.count() for q in queues))
@@ -233,9 +241,10 @@ async def test_replicas_1_loses_no_acknowledged_push_when_a_master_dies(
 
             await eventually(drained, timeout=60, what="every queue drained")
         finally:
+            producers.cancel()
             for task in consumers:
                 task.cancel()
-            await asyncio.gather(*consumers, return_exceptions=True)
+            await asyncio.gather(producers, *consumers, return_exceptions=True)
         assert len(acknowledged) == len(names) * per_queue
         missing = [k for k, i in acknowledged.items() if i not in delivered.get(k, ())]
         assert not missing, f"{len(missing)} acknowledged pushes never consumed: {missing[:5]}"

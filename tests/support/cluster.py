@@ -6,29 +6,17 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import socket
 from pathlib import Path
 
 import redis.asyncio as aioredis
 
-from tests.support.redis_server import RedisServer, redis_binary
+from tests.support.redis_server import RedisServer, free_port, redis_binary
 from tests.support.waiting import eventually
 
 
 def cluster_port() -> int:
     """A free port whose cluster bus port (port + 10000) is free too."""
-    while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = int(sock.getsockname()[1])
-        if port + 10000 > 65535:
-            continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as bus:
-            try:
-                bus.bind(("127.0.0.1", port + 10000))
-            except OSError:
-                continue
-        return port
+    return free_port(offsets=(0, 10_000))
 
 
 def redis_cli() -> str:

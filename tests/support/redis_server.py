@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -19,11 +20,34 @@ from urllib.parse import quote, urlencode
 import redis.asyncio as aioredis
 
 
-def free_port() -> int:
-    """A loopback port that was free a moment ago (below the ephemeral range when possible)."""
+def free_port(offsets: tuple[int, ...] = (0,)) -> int:
+    """A loopback port that was free a moment ago, below the kernel's ephemeral range:
+    a port the kernel hands out (port 0) may be taken by an outgoing connection before
+    the server binds it, one below that range only by another listener. ``offsets``:
+    ports that must be free too, relative to the one returned (a cluster node's bus
+    port is port + 10000)."""
+    low = _ephemeral_low() - max(offsets)
+    for _ in range(1000):
+        port = random.randrange(10_000, low)
+        if all(_bindable(port + offset) for offset in offsets):
+            return port
+    raise RuntimeError("no free loopback port below the ephemeral range")
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _bindable(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 async def terminate(process: asyncio.subprocess.Process, grace: float = 10.0) -> None:
