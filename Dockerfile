@@ -1,8 +1,12 @@
-# busmq gateway image.
+# busmq gateway image. It listens on every interface, so it serves TLS (certificate and
+# key mounted) or refuses to start; see the README, section Security.
 #   docker build -t busmq-gateway .
-#   docker run -p 8443:8443 -e BUSMQ_GATEWAY_SECRETS=change-me \
+#   docker run -p 8443:8443 -v "$PWD/tls:/tls:ro" \
+#     -e BUSMQ_GATEWAY_TLS_CERT=/tls/server.crt -e BUSMQ_GATEWAY_TLS_KEY=/tls/server.key \
+#     -e BUSMQ_GATEWAY_TLS_CA=/tls/ca.crt -e BUSMQ_GATEWAY_SECRETS="$(cat .busmq-secret)" \
 #     -e BUSMQ_REDIS_URLS=redis://redis:6379 busmq-gateway
-# Secrets may also come from a mounted file: --secret-file /run/secrets/busmq.
+# Behind a TLS-terminating proxy: -e BUSMQ_GATEWAY_ALLOW_PLAINTEXT=true (logged as a
+# warning). Secrets may also come from a mounted file: --secret-file /run/secrets/busmq.
 # With no BUSMQ_REDIS_URLS the gateway runs its embedded Redis in /data.
 
 FROM python:3.11-slim-bookworm AS build

@@ -44,7 +44,7 @@ from _redis import free_port, local_redis
 from busmq import Bus, BusSettings, Mode, Queue
 from busmq.federation import FederatedQueue, FederationSettings, FederationTarget
 
-SECRET = "bench-secret"
+SECRET = "bench-secret-0123456789"
 TARGET_FLOOD = 25_000.0
 TARGET_P99_MS = 3.0
 

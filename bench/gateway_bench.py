@@ -34,7 +34,7 @@ from busmq import Bus, BusSettings, Mode, Queue
 from busmq.v1 import queue_service_pb2 as pb
 from busmq.v1 import queue_service_pb2_grpc, types_pb2
 
-SECRET = "bench-secret"
+SECRET = "bench-secret-0123456789"
 AUTH = (("authorization", f"Bearer {SECRET}"),)
 TARGET_FLOOD = 25_000.0
 TARGET_P99_MS = 3.0

@@ -7,7 +7,8 @@
 #   scripts/setup.sh --dev    also the dev and test tools, PySpark, a Java runtime
 #                             (openjdk-17-jre-headless) if `java` is missing, and Redis 7
 #                             (redis-server, which also runs Sentinels) if `redis-server`
-#                             is missing: the Sentinel tests need a real deployment
+#                             is missing (the Sentinel tests need a real deployment), and
+#                             openssl (the README's TLS recipe is tested)
 # Safe to run again: it only installs what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +19,7 @@ need_apt=()
 if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then need_apt+=(python3-venv); fi
 if $dev && ! command -v java >/dev/null 2>&1; then need_apt+=(openjdk-17-jre-headless); fi
 if $dev && ! command -v redis-server >/dev/null 2>&1; then need_apt+=(redis-server); fi
+if $dev && ! command -v openssl >/dev/null 2>&1; then need_apt+=(openssl); fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""
   [ "$(id -u)" -eq 0 ] || SUDO="sudo"

@@ -32,6 +32,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--insecure-no-auth", action="store_true", help="serve without auth (loopback only)"
     )
+    parser.add_argument(
+        "--allow-plaintext",
+        action="store_true",
+        default=env("BUSMQ_GATEWAY_ALLOW_PLAINTEXT", "").lower() in ("1", "true", "yes"),
+        help="serve without TLS on a non-loopback address (behind a TLS-terminating proxy)",
+    )
     parser.add_argument("--tls-cert", default=env("BUSMQ_GATEWAY_TLS_CERT"))
     parser.add_argument("--tls-key", default=env("BUSMQ_GATEWAY_TLS_KEY"))
     parser.add_argument("--tls-client-ca", default=env("BUSMQ_GATEWAY_TLS_CLIENT_CA"))
@@ -62,6 +68,7 @@ def settings_from(args: argparse.Namespace) -> GatewaySettings:
         secrets=read_secrets(args.secret, args.secret_file),
         allow_no_auth=args.insecure_no_auth,
         tls=tls,
+        allow_plaintext=args.allow_plaintext,
         bus=bus,
         max_message_bytes=args.max_message_bytes,
         keepalive_seconds=args.keepalive_seconds,

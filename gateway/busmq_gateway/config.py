@@ -2,23 +2,12 @@
 
 from __future__ import annotations
 
-import ipaddress
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from busmq import BusSettings
-
-
-def is_loopback(address: str) -> bool:
-    """Whether a ``host:port`` listen address binds only the loopback interface."""
-    host = address.rsplit(":", 1)[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+from busmq.security import GENERATE_SECRET, is_loopback, weak_secret_reason
 
 
 @dataclass(frozen=True)
@@ -44,6 +33,10 @@ class GatewaySettings:
             may be active at once for rotation.
         allow_no_auth: serve without any secret; refused unless ``listen`` is loopback.
         tls: certificate and key (and client CA for mTLS); plaintext when ``None``.
+        allow_plaintext: serve without TLS on an address that is not loopback (bearer
+            secrets then cross the network in cleartext: only behind a TLS-terminating
+            proxy or mesh); refused otherwise. Secrets must be at least 16 bytes with 8
+            distinct characters.
         bus: the bus the gateway serves (default: from the environment, i.e. the
             embedded Redis unless ``BUSMQ_REDIS_URLS`` is set).
         max_message_bytes: largest gRPC message accepted or sent.
@@ -57,6 +50,7 @@ class GatewaySettings:
     secrets: tuple[str, ...] = ()
     allow_no_auth: bool = False
     tls: TlsSettings | None = None
+    allow_plaintext: bool = False
     bus: BusSettings = field(default_factory=BusSettings.from_env)
     max_message_bytes: int = 8 * 1024 * 1024
     keepalive_seconds: float = 30.0
@@ -77,6 +71,18 @@ class GatewaySettings:
             )
         if not self.secrets and not is_loopback(self.listen):
             raise ValueError("serving without auth is only allowed on a loopback address")
+        for number, secret in enumerate(self.secrets, 1):
+            if reason := weak_secret_reason(secret):
+                raise ValueError(
+                    f"secret #{number} is too weak ({reason}); generate one with: {GENERATE_SECRET}"
+                )
+        if self.tls is None and not self.allow_plaintext and not is_loopback(self.listen):
+            raise ValueError(
+                f"refusing to serve plaintext on {self.listen}: bearer secrets would cross "
+                "the network in cleartext. Configure TLS (--tls-cert/--tls-key), listen on "
+                "a loopback address, or pass --allow-plaintext if a TLS-terminating proxy "
+                "or mesh encrypts the hop"
+            )
         for name in ("keepalive_seconds", "heartbeat_seconds", "grace_seconds"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
@@ -88,6 +94,12 @@ class GatewaySettings:
             f"GatewaySettings(listen={self.listen!r}, secrets=<{len(self.secrets)} hidden>, "
             f"tls={self.tls is not None}, bus={self.bus!r})"
         )
+
+    @property
+    def plaintext_off_loopback(self) -> bool:
+        """Serving without TLS where the traffic may leave the machine (allowed only
+        with ``allow_plaintext``)."""
+        return self.tls is None and not is_loopback(self.listen)
 
 
 def read_secrets(

@@ -12,6 +12,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from busmq import Bus, BusState, Event
+from busmq.security import plaintext_warning
 from busmq.v1 import (
     channel_service_pb2,
     channel_service_pb2_grpc,
@@ -117,6 +118,8 @@ class Gateway:
         await self.server.start()
         self._attachments.start()
         await self._set_health(self.bus.state is BusState.ONLINE)
+        if self.settings.plaintext_off_loopback:
+            log.warning(plaintext_warning(self.settings.listen))
         log.info(
             "gateway listening on %s:%d (%s, auth %s)",
             self.settings.listen.rsplit(":", 1)[0],

@@ -22,7 +22,7 @@ from tests.conftest import fast_settings
 from tests.support.redis_server import RedisServer
 
 R = TypeVar("R")
-SECRETS = ("first-secret", "rotated-secret")
+SECRETS = ("first-secret-0123456789", "rotated-secret-0123456789")
 AUTH = (("authorization", f"Bearer {SECRETS[0]}"),)
 
 

@@ -18,7 +18,7 @@ from tests.support.gateway_process import GatewayProcess
 from tests.support.redis_server import RedisServer
 from tests.support.waiting import eventually
 
-AUTH = (("authorization", "Bearer secret-1"),)
+AUTH = (("authorization", "Bearer gateway-secret-0123456789"),)
 ALO = types_pb2.CONSUME_MODE_AT_LEAST_ONCE
 
 

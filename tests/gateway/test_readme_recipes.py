@@ -1,6 +1,7 @@
 """The README's shell recipes, run as a new user would: the first command
-(``bash scripts/run.sh``), then the grpcurl block that follows it, as written but for the
-port (a free one instead of 8443)."""
+(``bash scripts/run.sh``), then the grpcurl block that follows it; and the TLS recipe of
+section Security (certificates made with openssl, a gateway with mTLS, grpcurl with the
+CA). As written, but for the address: a free loopback port instead of 8443."""
 
 from __future__ import annotations
 
@@ -27,9 +28,13 @@ def bash_blocks(markdown: str) -> list[str]:
     return re.findall(r"^```bash\n(.*?)^```$", markdown, flags=re.MULTILINE | re.DOTALL)
 
 
-def grpcurl_recipe() -> str:
-    [block] = [b for b in bash_blocks(README.read_text()) if "grpcurl" in b]
+def block_with(*texts: str) -> str:
+    [block] = [b for b in bash_blocks(README.read_text()) if all(t in b for t in texts)]
     return block
+
+
+def grpcurl_recipe() -> str:
+    return block_with("grpcurl", "-plaintext")
 
 
 async def test_the_grpcurl_recipe_works_right_after_scripts_run_sh(tmp_path: Path) -> None:
@@ -53,13 +58,8 @@ async def test_the_grpcurl_recipe_works_right_after_scripts_run_sh(tmp_path: Pat
         embedded = [p for p in psutil.Process(gateway.pid).children() if "redis" in p.name()]
         assert embedded, "the gateway runs on an embedded redis-server"
 
-        shell = await asyncio.create_subprocess_exec(
-            "bash", "-euo", "pipefail", "-c", recipe.replace(DOCUMENTED_ADDRESS, address),
-            cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        out, err = await asyncio.wait_for(shell.communicate(), 60)
-        assert shell.returncode == 0, err.decode()
-        text = out.decode()
+        code, text = await bash(recipe.replace(DOCUMENTED_ADDRESS, address), ROOT, env)
+        assert code == 0, text
         assert "busmq.v1.QueueService" in text and "grpc.health.v1.Health" in text
         replies = [json.loads(doc) for doc in split_json_documents(text)]
         pushed = next(r for r in replies if "ids" in r)
@@ -82,3 +82,52 @@ def split_json_documents(text: str) -> list[str]:
         documents.append(text[index:end])
         index = text.find("{", end)
     return documents
+
+
+async def test_the_tls_recipe_makes_certificates_that_serve_mtls(tmp_path: Path) -> None:
+    make_certs = block_with("openssl req -x509")
+    serve = block_with("busmq-gateway --listen 0.0.0.0:8443")
+    call = block_with("grpcurl -cacert")
+    (tmp_path / ".venv").symlink_to(ROOT / ".venv")
+    (tmp_path / ".busmq-secret").write_text("readme-tls-secret-0123456789\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BUSMQ_")}
+    env["BUSMQ_DATA_DIR"] = str(tmp_path / "redis")
+
+    made = await bash(make_certs, tmp_path, env)
+    assert made[0] == 0, made[1]
+    assert all((tmp_path / "tls" / f).exists() for f in ("ca.crt", "server.crt", "client.crt"))
+
+    port = free_port()
+    gateway = await asyncio.create_subprocess_exec(
+        "bash", "-c", "exec " + serve.replace("0.0.0.0:8443", f"127.0.0.1:{port}").strip(),
+        cwd=tmp_path, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    assert gateway.stdout is not None
+    try:
+        async with asyncio.timeout(30):
+            while b"busmq gateway ready" not in (line := await gateway.stdout.readline()):
+                assert line, "the gateway exited"
+        drain = asyncio.create_task(gateway.stdout.read())
+        called = await bash(call.replace(DOCUMENTED_ADDRESS, f"127.0.0.1:{port}"), tmp_path, env)
+        assert called[0] == 0, called[1]
+        assert "busmq.v1.QueueService" in called[1]
+        # mTLS: the same call without the client certificate is refused.
+        no_cert = call.replace("-cert tls/client.crt -key tls/client.key ", "")
+        refused = await bash(
+            no_cert.replace(DOCUMENTED_ADDRESS, f"127.0.0.1:{port}"), tmp_path, env
+        )
+        assert refused[0] != 0
+    finally:
+        gateway.terminate()
+        await gateway.wait()
+    await drain
+
+
+async def bash(script: str, cwd: Path, env: dict[str, str]) -> tuple[int, str]:
+    shell = await asyncio.create_subprocess_exec(
+        "bash", "-euo", "pipefail", "-c", script,
+        cwd=cwd, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    out, _ = await asyncio.wait_for(shell.communicate(), 60)
+    assert shell.returncode is not None
+    return shell.returncode, out.decode()

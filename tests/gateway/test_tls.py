@@ -17,14 +17,14 @@ from tests.conftest import fast_settings
 from tests.support.certs import make_pki
 from tests.support.redis_server import RedisServer
 
-AUTH = (("authorization", "Bearer tls-secret"),)
+AUTH = (("authorization", "Bearer tls-secret-0123456789"),)
 
 
 async def start(redis_server: RedisServer, tls: TlsSettings) -> Gateway:
     gateway = Gateway(
         GatewaySettings(
             listen="127.0.0.1:0",
-            secrets=("tls-secret",),
+            secrets=("tls-secret-0123456789",),
             tls=tls,
             bus=fast_settings([redis_server.url]),
         )

@@ -18,7 +18,7 @@ GATEWAY_CMD = [sys.executable, "-m", "busmq_gateway"]
 
 class GatewayProcess:
     def __init__(
-        self, redis_url: str, secrets: tuple[str, ...] = ("secret-1",), *extra: str
+        self, redis_url: str, secrets: tuple[str, ...] = ("gateway-secret-0123456789",), *extra: str
     ) -> None:
         self.redis_url = redis_url
         self.secrets = secrets

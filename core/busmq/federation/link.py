@@ -58,6 +58,7 @@ import grpc
 
 from ..errors import BusClosedError, BusError, BusUnavailableError
 from ..events import Event, EventHub
+from ..security import plaintext_warning
 from ..v1 import queue_service_pb2 as pb
 from ..v1 import queue_service_pb2_grpc as pb_grpc
 from .backoff import Backoff
@@ -111,6 +112,8 @@ class Link:
         self.url = target.url
         self.settings = settings
         self.operation_timeout = operation_timeout
+        if target.plaintext_off_loopback:  # only with allow_plaintext (else refused)
+            log.warning(plaintext_warning(f"the link to {target.url}"))
         self.events: EventHub[Event] = EventHub()
         self.attempts = 0
         self.failovers = 0

@@ -8,6 +8,8 @@ from pathlib import Path
 from types import MappingProxyType
 from urllib.parse import urlsplit
 
+from ..security import is_loopback_host
+
 _SCHEMES = ("http", "https")
 
 
@@ -74,6 +76,11 @@ class FederationTarget:
             after ``url`` (kept normalized, as a tuple). They must use the same scheme
             as ``url`` (the secret, TLS files and ``server_name`` apply to all of
             them); duplicates are refused.
+        allow_plaintext: accept ``http://`` URLs whose host is not loopback. The secret
+            then crosses the network in cleartext, so this is refused unless asked for
+            (e.g. a TLS-terminating proxy or mesh in between), and logged as a warning.
+            ``https://`` always verifies the gateway's certificate (``root_ca_file``
+            for a private CA); there is no option to skip that.
     """
 
     url: str
@@ -86,10 +93,18 @@ class FederationTarget:
     keepalive_timeout_seconds: float = 10.0
     server_name: str | None = None
     fallback_urls: Sequence[str] = ()
+    allow_plaintext: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "url", normalize_url(self.url))
         object.__setattr__(self, "fallback_urls", self._normalize_fallbacks())
+        if self.plaintext_off_loopback and not self.allow_plaintext:
+            raise ValueError(
+                f"{self.url}: refusing plaintext (http://) to a host that is not loopback: "
+                "the secret would cross the network in cleartext. Use https:// (with "
+                "root_ca_file for a private CA), or allow_plaintext=True if a "
+                "TLS-terminating proxy or mesh encrypts the hop"
+            )
         if self.secret is not None and (not self.secret or self.secret != self.secret.strip()):
             raise ValueError("secret must be non-empty and carry no surrounding whitespace")
         if (self.client_cert_file is None) != (self.client_key_file is None):
@@ -129,6 +144,12 @@ class FederationTarget:
     @property
     def tls(self) -> bool:
         return self.url.startswith("https://")
+
+    @property
+    def plaintext_off_loopback(self) -> bool:
+        """Plaintext to a URL whose host is not loopback (needs ``allow_plaintext``)."""
+        hosts = (urlsplit(url).hostname or "" for url in self.urls)
+        return not self.tls and not all(is_loopback_host(h) for h in hosts)
 
     @property
     def address(self) -> str:
