@@ -245,26 +245,32 @@ async def test_a_refused_secret_does_not_rotate_through_the_urls(
 
 def test_target_urls_are_normalized_and_validated() -> None:
     target = FederationTarget(
-        "http://Gateway-A1:8443/", fallback_urls=["http://gateway-a2:8443", " http://[::1]:9 "]
+        "http://Gateway-A1:8443/",
+        fallback_urls=["http://gateway-a2:8443", " http://[::1]:9 "],
+        allow_plaintext=True,  # plaintext off loopback (see test_transport_security.py)
     )
     assert target.url == "http://gateway-a1:8443"
     assert target.fallback_urls == ("http://gateway-a2:8443", "http://[::1]:9")
     assert target.urls == (target.url, *target.fallback_urls)
-    assert FederationTarget("http://a:1").urls == ("http://a:1",)
+    assert FederationTarget("http://a:1", allow_plaintext=True).urls == ("http://a:1",)
     with pytest.raises(ValueError, match="must use https:"):  # TLS for one URL is TLS for all
         FederationTarget("https://a:1", fallback_urls=("http://b:1",))
     with pytest.raises(ValueError, match="twice"):
-        FederationTarget("http://a:1", fallback_urls=("http://b:1", "http://B:1/"))
+        FederationTarget(
+            "http://a:1", fallback_urls=("http://b:1", "http://B:1/"), allow_plaintext=True
+        )
     with pytest.raises(ValueError, match="twice"):
-        FederationTarget("http://a:1", fallback_urls=("http://a:1",))
+        FederationTarget("http://a:1", fallback_urls=("http://a:1",), allow_plaintext=True)
     with pytest.raises(ValueError, match="port"):
-        FederationTarget("http://a:1", fallback_urls=("http://b",))
+        FederationTarget("http://a:1", fallback_urls=("http://b",), allow_plaintext=True)
     with pytest.raises(ValueError):
-        FederationTarget("http://a:1", fallback_urls=("ftp://b:1",))
+        FederationTarget("http://a:1", fallback_urls=("ftp://b:1",), allow_plaintext=True)
     with pytest.raises(ValueError, match="secret"):
-        FederationTarget("http://a:1", fallback_urls=("http://user:pw@b:1",))
+        FederationTarget("http://a:1", fallback_urls=("http://user:pw@b:1",), allow_plaintext=True)
     with pytest.raises(TypeError):
-        FederationTarget("http://a:1", fallback_urls="http://b:1")  # a str, not a list
+        FederationTarget(
+            "http://a:1", fallback_urls="http://b:1", allow_plaintext=True
+        )  # a str, not a list
 
 
 async def test_a_channel_end_on_a_hung_gateway_moves_to_the_other_one(
