@@ -7,8 +7,9 @@
 #   scripts/setup.sh --dev    also the dev and test tools, PySpark, a Java runtime
 #                             (openjdk-17-jre-headless) if `java` is missing, and Redis 7
 #                             (redis-server, which also runs Sentinels) if `redis-server`
-#                             is missing (the Sentinel tests need a real deployment), and
-#                             openssl (the README's TLS recipe is tested)
+#                             is missing (the Sentinel tests need a real deployment),
+#                             openssl (the README's TLS recipe is tested), Node.js 18.14+
+#                             and npm (the TypeScript client), and the client's npm packages
 # Safe to run again: it only installs what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,6 +21,9 @@ if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then need_apt+=(python
 if $dev && ! command -v java >/dev/null 2>&1; then need_apt+=(openjdk-17-jre-headless); fi
 if $dev && ! command -v redis-server >/dev/null 2>&1; then need_apt+=(redis-server); fi
 if $dev && ! command -v openssl >/dev/null 2>&1; then need_apt+=(openssl); fi
+node_ok() { command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 \
+  && node -e 'const [a, b] = process.versions.node.split(".").map(Number); process.exit(a > 18 || (a === 18 && b >= 14) ? 0 : 1)'; }
+if $dev && ! node_ok; then need_apt+=(nodejs npm); fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""
   [ "$(id -u)" -eq 0 ] || SUDO="sudo"
@@ -36,6 +40,8 @@ fi
 if $dev; then
   echo "==> installing busmq with its dev and test tools into .venv"
   .venv/bin/python -m pip install -q -e '.[dev]'
+  echo "==> installing the TypeScript client's packages (npm ci)"
+  (cd clients/typescript && npm ci --no-audit --no-fund --loglevel=error)
 else
   echo "==> installing busmq into .venv"
   .venv/bin/python -m pip install -q -e '.[tools]'

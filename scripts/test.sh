@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up (scripts/setup.sh), then run every check and the whole test suite:
 # ruff, mypy --strict, buf lint/format/breaking, generated-code freshness, hadolint,
-# pytest. Extra arguments go to pytest, e.g. scripts/test.sh -k queue -x
+# pytest, and the TypeScript client's suite. Extra arguments go to pytest (and skip the
+# client suite), e.g. scripts/test.sh -k queue -x
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --dev
@@ -21,5 +22,9 @@ echo "==> generated code"
 bash scripts/gen_proto.sh --check
 echo "==> hadolint"
 $BIN/hadolint Dockerfile
+if [ $# -eq 0 ]; then
+  echo "==> TypeScript client (tsc, node --test against a live gateway)"
+  (cd clients/typescript && npm test --silent)
+fi
 echo "==> pytest"
 $BIN/pytest "$@"

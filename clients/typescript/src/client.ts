@@ -1,0 +1,106 @@
+// The connection to one gateway: transport (h2c or TLS/mTLS), the bearer secret on every
+// call, a deadline on every unary call, and typed errors. Queues hang off it.
+
+import { isIP } from "node:net";
+import { type CallOptions, type Client, createClient, type Interceptor } from "@connectrpc/connect";
+import { createGrpcTransport } from "@connectrpc/connect-node";
+import { toBusError } from "./errors.js";
+import { QueueService } from "./gen/busmq/v1/queue_service_pb.js";
+import { QueueHandle } from "./queue.js";
+
+export interface BusClientOptions {
+  /** The gateway: "https://gateway-a:8443" (TLS) or "http://127.0.0.1:8443" (plaintext). */
+  url: string;
+  /** The gateway's shared secret, sent as `authorization: Bearer <secret>`. */
+  secret?: string;
+  /** PEM of the CA that signed the gateway's certificate (default: the system roots). */
+  ca?: string | Buffer;
+  /** PEM client certificate and key, for a gateway that requires them (mTLS). */
+  cert?: string | Buffer;
+  key?: string | Buffer;
+  /** Deadline of every unary call, in milliseconds (default 10,000). */
+  timeoutMs?: number;
+  /** Accept "http://" to a host that is not loopback: the secret then crosses the
+   * network in cleartext, so only behind a TLS-terminating proxy or mesh. */
+  allowPlaintext?: boolean;
+}
+
+/** A client of one busmq gateway. Close it to release its attachments. */
+export class BusClient {
+  readonly url: string;
+  readonly timeoutMs: number;
+  /** The generated QueueService client, for calls the helpers do not cover. */
+  readonly queues: Client<typeof QueueService>;
+  private readonly handles = new Set<QueueHandle>();
+
+  constructor(options: BusClientOptions) {
+    const url = new URL(options.url);
+    if (url.protocol !== "https:" && url.protocol !== "http:") {
+      throw new TypeError(`gateway URL ${options.url}: use https://host:port or http://host:port`);
+    }
+    if (url.protocol === "http:" && !isLoopback(url.hostname) && !options.allowPlaintext) {
+      throw new TypeError(
+        `${options.url}: refusing plaintext to a host that is not loopback (the secret would ` +
+          "cross the network in cleartext); use https://, or allowPlaintext if a " +
+          "TLS-terminating proxy encrypts the hop",
+      );
+    }
+    if (url.protocol === "http:" && (options.ca || options.cert || options.key)) {
+      throw new TypeError(`${options.url}: TLS files need an https:// URL`);
+    }
+    this.url = url.origin;
+    this.timeoutMs = options.timeoutMs ?? 10_000;
+    const interceptors: Interceptor[] = [];
+    if (options.secret !== undefined) {
+      const authorization = `Bearer ${options.secret}`;
+      interceptors.push((next) => (request) => {
+        request.header.set("authorization", authorization);
+        return next(request);
+      });
+    }
+    const transport = createGrpcTransport({
+      baseUrl: this.url,
+      interceptors,
+      nodeOptions: { ca: options.ca, cert: options.cert, key: options.key },
+    });
+    this.queues = createClient(QueueService, transport);
+  }
+
+  /** A handle on queue `name` (attach it to create it). */
+  queue(name: string): QueueHandle {
+    const handle = new QueueHandle(this, name);
+    this.handles.add(handle);
+    return handle;
+  }
+
+  /** Run a unary call with the client's deadline, translating its error. */
+  async unary<T>(call: (options: CallOptions) => Promise<T>, options: CallOptions = {}): Promise<T> {
+    try {
+      return await call({ timeoutMs: this.timeoutMs, ...options });
+    } catch (error) {
+      throw toBusError(error);
+    }
+  }
+
+  /** Stop every consumer and release every attachment made through this client. */
+  async close(): Promise<void> {
+    const handles = [...this.handles];
+    this.handles.clear();
+    await Promise.allSettled(handles.map((h) => h.close()));
+  }
+
+  async [Symbol.asyncDispose](): Promise<void> {
+    await this.close();
+  }
+}
+
+function isLoopback(host: string): boolean {
+  const bare = host.replace(/^\[|\]$/g, "");
+  if (bare === "localhost") {
+    return true;
+  }
+  if (isIP(bare) === 4) {
+    return bare.startsWith("127.");
+  }
+  return bare === "::1";
+}

@@ -1,0 +1,7 @@
+// busmq's TypeScript client: a thin layer over the code generated from proto/.
+
+export { BusClient, type BusClientOptions } from "./client.js";
+export { Consumer, type ConsumeOptions, Delivery, type Mode } from "./consumer.js";
+export * from "./errors.js";
+export type { JsonValue, Payload } from "./messages.js";
+export { type AttachOptions, type PushOptions, QueueHandle, type QueueInfo } from "./queue.js";

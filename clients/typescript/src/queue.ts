@@ -1,0 +1,196 @@
+// A queue through the gateway: a lease renewed in the background while attached, pushes
+// with idempotency keys and safe retries, resuming consumers.
+
+import { randomUUID } from "node:crypto";
+import type { BusClient } from "./client.js";
+import { type ConsumeOptions, Consumer } from "./consumer.js";
+import { BusError, NotFoundError, toBusError } from "./errors.js";
+import { encode, type Payload } from "./messages.js";
+
+export interface AttachOptions {
+  /** Seconds the queue survives its last detach (default: the gateway's). */
+  ttlSeconds?: number;
+  /** Refuse pushes beyond this many stored messages. */
+  maxBacklog?: number;
+}
+
+export interface PushOptions {
+  /** Idempotency key (default: a new UUID). A retry with the same key stores nothing twice. */
+  requestId?: string;
+  /** String headers, on every message of the push. */
+  headers?: Record<string, string>;
+  /** "async", "replicas=N", "fsync" (default: the gateway's). */
+  durability?: string;
+  /** How long to retry while the gateway or its Redis is unavailable (default 10,000 ms). */
+  retryForMs?: number;
+}
+
+export interface QueueInfo {
+  count: bigint;
+  lastId: bigint;
+  /** Seconds before the queue expires if no attachment is renewed. */
+  ttlSeconds: number;
+  metadata: Record<string, string>;
+}
+
+/** Queue `name` on the gateway. `attach()` creates it and keeps it alive until `detach()`. */
+export class QueueHandle {
+  private attachmentId: string | undefined;
+  private renewal: NodeJS.Timeout | undefined;
+  private attachOptions: AttachOptions = {};
+  private readonly consumers = new Set<Consumer>();
+
+  constructor(
+    readonly client: BusClient,
+    readonly name: string,
+  ) {}
+
+  /** Whether this handle holds an attachment (renewed every third of its lease). */
+  get attached(): boolean {
+    return this.attachmentId !== undefined;
+  }
+
+  /** Attach (creating the queue if needed); returns whether this attach created it. */
+  async attach(options: AttachOptions = {}): Promise<boolean> {
+    this.attachOptions = options;
+    const reply = await this.client.unary((o) =>
+      this.client.queues.attachQueue(
+        {
+          queue: this.name,
+          ttl: options.ttlSeconds === undefined ? undefined : duration(options.ttlSeconds),
+          maxBacklog: BigInt(options.maxBacklog ?? 0),
+        },
+        o,
+      ),
+    );
+    this.attachmentId = reply.attachmentId;
+    const leaseMs = seconds(reply.leaseDuration) * 1000;
+    this.scheduleRenewal(leaseMs > 0 ? leaseMs : 30_000);
+    return reply.created;
+  }
+
+  private scheduleRenewal(leaseMs: number, delayMs = leaseMs / 3): void {
+    clearTimeout(this.renewal);
+    this.renewal = setTimeout(() => void this.renew(leaseMs), delayMs);
+    this.renewal.unref(); // a lease must not keep the process alive
+  }
+
+  private async renew(leaseMs: number): Promise<void> {
+    const attachmentId = this.attachmentId;
+    if (attachmentId === undefined) {
+      return;
+    }
+    try {
+      await this.client.unary((o) => this.client.queues.renewAttachment({ attachmentId }, o));
+      this.scheduleRenewal(leaseMs);
+    } catch (error) {
+      if (this.attachmentId !== attachmentId) {
+        return; // detached meanwhile
+      }
+      if (error instanceof NotFoundError) {
+        // The lease lapsed (e.g. the gateway was away longer than it): attach again.
+        await this.attach(this.attachOptions).catch(() => this.scheduleRenewal(leaseMs, 1000));
+        return;
+      }
+      this.scheduleRenewal(leaseMs, Math.min(1000, leaseMs / 6)); // retry soon
+    }
+  }
+
+  /** Release the attachment: the queue expires `ttl` after its last one. */
+  async detach(): Promise<void> {
+    clearTimeout(this.renewal);
+    const attachmentId = this.attachmentId;
+    this.attachmentId = undefined;
+    if (attachmentId === undefined) {
+      return;
+    }
+    try {
+      await this.client.unary((o) => this.client.queues.detachQueue({ attachmentId }, o));
+    } catch (error) {
+      if (!(error instanceof NotFoundError)) {
+        throw error;
+      }
+    }
+  }
+
+  /** Push one message; returns its id. */
+  async push(payload: Payload, options: PushOptions = {}): Promise<bigint> {
+    const [id] = await this.pushBatch([payload], options);
+    return id as bigint;
+  }
+
+  /** Push messages atomically and in order; returns their ids. Retried with the same
+   * request id while the gateway is unavailable, so it is stored once. */
+  async pushBatch(payloads: Payload[], options: PushOptions = {}): Promise<bigint[]> {
+    const request = {
+      queue: this.name,
+      messages: payloads.map((p) => encode(p, options.headers)),
+      requestId: options.requestId ?? randomUUID(),
+      durability: options.durability ?? "",
+    };
+    const deadline = Date.now() + (options.retryForMs ?? 10_000);
+    for (let backoff = 50; ; backoff = Math.min(backoff * 2, 1000)) {
+      try {
+        const reply = await this.client.unary((o) => this.client.queues.push(request, o));
+        return reply.ids;
+      } catch (error) {
+        const busError = toBusError(error);
+        if (!busError.retryable || Date.now() + backoff > deadline) {
+          throw busError;
+        }
+        await sleep(backoff);
+      }
+    }
+  }
+
+  /** A consumer: iterate it with `for await`; it resumes by itself after a broken stream. */
+  consume(options: ConsumeOptions = {}): Consumer {
+    const consumer = new Consumer(this, options, () => this.consumers.delete(consumer));
+    this.consumers.add(consumer);
+    return consumer;
+  }
+
+  /** Counters, ttl and metadata. */
+  async info(): Promise<QueueInfo> {
+    const reply = await this.client.unary((o) => this.client.queues.getQueue({ queue: this.name }, o));
+    return {
+      count: reply.count,
+      lastId: reply.lastId,
+      ttlSeconds: seconds(reply.ttl),
+      metadata: { ...reply.metadata },
+    };
+  }
+
+  /** Remove every stored message (ids keep increasing). */
+  async flush(): Promise<void> {
+    await this.client.unary((o) => this.client.queues.flushQueue({ queue: this.name }, o));
+  }
+
+  /** Destroy the queue for every client (what the Python API calls `close()`). */
+  async destroy(): Promise<void> {
+    await this.client.unary((o) => this.client.queues.closeQueue({ queue: this.name }, o));
+  }
+
+  /** Stop this handle's consumers and release its attachment. */
+  async close(): Promise<void> {
+    await Promise.allSettled([...this.consumers].map((c) => c.stop()));
+    await this.detach().catch((error: unknown) => {
+      if (!(error instanceof BusError)) {
+        throw error;
+      }
+    });
+  }
+}
+
+export function duration(secondsValue: number): { seconds: bigint; nanos: number } {
+  const whole = Math.floor(secondsValue);
+  return { seconds: BigInt(whole), nanos: Math.round((secondsValue - whole) * 1e9) };
+}
+
+export function seconds(value: { seconds: bigint; nanos: number } | undefined): number {
+  return value === undefined ? 0 : Number(value.seconds) + value.nanos / 1e9;
+}
+
+export function sleep(ms: number): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, ms));
+}

@@ -1,0 +1,146 @@
+// The client against a real gateway process (and its redis-server) on free ports.
+
+import assert from "node:assert/strict";
+import { after, before, describe, test } from "node:test";
+import {
+  BusClient,
+  InvalidNameError,
+  MessageTooLargeError,
+  NotFoundError,
+  UnauthenticatedError,
+} from "../src/index.js";
+import { Deployment } from "./support.js";
+
+describe("queues through a live gateway", () => {
+  let deployment: Deployment;
+  let client: BusClient;
+
+  before(async () => {
+    deployment = await new Deployment().start();
+    client = new BusClient({ url: deployment.url, secret: deployment.secret });
+  });
+
+  after(async () => {
+    await client.close();
+    await deployment.stop();
+  });
+
+  test("10,000 pushed in batches are consumed at-least-once, each id once and in order", async () => {
+    const orders = client.queue("ts-orders");
+    assert.equal(await orders.attach(), true);
+    const pushed: bigint[] = [];
+    for (let start = 0; start < 10_000; start += 500) {
+      const batch = Array.from({ length: 500 }, (_, i) => ({ n: start + i }));
+      pushed.push(...(await orders.pushBatch(batch)));
+    }
+    assert.deepEqual(pushed, Array.from({ length: 10_000 }, (_, i) => BigInt(i + 1)));
+
+    const seen: bigint[] = [];
+    const consumer = orders.consume({ mode: "at-least-once", max: 10_000, prefetch: 500 });
+    for await (const delivery of consumer) {
+      assert.deepEqual(delivery.data, { n: Number(delivery.id) - 1 });
+      seen.push(delivery.id);
+      void delivery.ack();
+    }
+    assert.deepEqual(seen, pushed);
+    await consumer.stop();
+    assert.equal((await orders.info()).count, 0n); // every ack arrived
+    await orders.detach();
+  });
+
+  test("a retried push with the same request id is stored once", async () => {
+    const queue = client.queue("ts-dedupe");
+    await queue.attach();
+    const first = await queue.pushBatch(["a", "b"], { requestId: "order-17" });
+    const again = await queue.pushBatch(["a", "b"], { requestId: "order-17" });
+    assert.deepEqual(again, first);
+    assert.equal((await queue.info()).count, 2n);
+    await queue.detach();
+  });
+
+  test("replay reads from an id, and max ends the consumer", async () => {
+    const log = client.queue("ts-log");
+    await log.attach();
+    await log.pushBatch(["one", "two", "three", "four", "five"], { headers: { source: "ts" } });
+    const read: [bigint, unknown][] = [];
+    for await (const delivery of log.consume({ mode: "replay", fromId: 2n, max: 3 })) {
+      assert.equal(delivery.headers.source, "ts");
+      read.push([delivery.id, delivery.data]);
+    }
+    assert.deepEqual(read, [
+      [2n, "two"],
+      [3n, "three"],
+      [4n, "four"],
+    ]);
+    assert.equal((await log.info()).count, 5n); // replay is non-destructive
+    await log.detach();
+  });
+
+  test("errors are typed from the status and ErrorInfo", async () => {
+    const wrong = new BusClient({ url: deployment.url, secret: "not-the-secret-at-all" });
+    await assert.rejects(wrong.queue("ts-x").attach(), UnauthenticatedError);
+    await assert.rejects(client.queue("bad name").attach(), (error: unknown) => {
+      assert.ok(error instanceof InvalidNameError);
+      assert.equal(error.reason, "INVALID_NAME");
+      assert.equal(error.metadata.name, "bad name");
+      return true;
+    });
+    const big = client.queue("ts-big");
+    await big.attach();
+    await assert.rejects(big.push(new Uint8Array(2 * 1024 * 1024)), (error: unknown) => {
+      assert.ok(error instanceof MessageTooLargeError);
+      assert.equal(error.limit, 1024 * 1024); // the bus's max_message_bytes
+      assert.ok(error.size > error.limit);
+      return true;
+    });
+    await big.destroy();
+    await assert.rejects(client.queue("ts-never-attached").push("x"), NotFoundError);
+  });
+
+  test("plaintext to a host that is not loopback needs an explicit opt-in", () => {
+    assert.throws(() => new BusClient({ url: "http://10.0.0.7:8443" }), /refusing plaintext/);
+    assert.ok(new BusClient({ url: "http://10.0.0.7:8443", allowPlaintext: true }));
+  });
+});
+
+describe("a consumer across a gateway crash", () => {
+  test("resumes by itself after SIGKILL and a restart: nothing acked lost, unacked redelivered", async () => {
+    const deployment = await new Deployment().start();
+    const client = new BusClient({ url: deployment.url, secret: deployment.secret, timeoutMs: 5000 });
+    try {
+      const jobs = client.queue("ts-jobs");
+      await jobs.attach({ ttlSeconds: 60 });
+      const ids = await jobs.pushBatch(Array.from({ length: 2000 }, (_, n) => ({ n })));
+      const acked = new Set<bigint>();
+      const counts = new Map<bigint, number>();
+      const consumer = jobs.consume({
+        mode: "at-least-once",
+        prefetch: 50,
+        visibilityTimeoutSeconds: 2,
+      });
+      let crashed = false;
+      for await (const delivery of consumer) {
+        counts.set(delivery.id, delivery.deliveryCount);
+        if (!crashed && acked.size === 500) {
+          crashed = true;
+          await deployment.killGateway(); // this delivery and the prefetched ones stay unacked
+          await deployment.startGateway();
+          continue;
+        }
+        await delivery.ack();
+        acked.add(delivery.id);
+        if (acked.size === ids.length) {
+          break;
+        }
+      }
+      assert.ok(consumer.resumes >= 1, "the stream was reopened");
+      assert.deepEqual([...acked].sort((a, b) => Number(a - b)), ids);
+      const redelivered = [...counts.values()].filter((c) => c > 1).length;
+      assert.ok(redelivered >= 1, "the deliveries unacked at the crash came again");
+      assert.equal((await jobs.info()).count, 0n);
+    } finally {
+      await client.close();
+      await deployment.stop();
+    }
+  });
+});

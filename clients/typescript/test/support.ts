@@ -1,0 +1,115 @@
+// Real servers for the client's tests: a redis-server and a busmq-gateway process on free
+// loopback ports, with a fresh directory and a random secret; stopped by PID.
+
+import { type ChildProcess, spawn } from "node:child_process";
+import { randomBytes } from "node:crypto";
+import { mkdtempSync, rmSync } from "node:fs";
+import { createServer } from "node:net";
+import { tmpdir } from "node:os";
+import { dirname, join, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+
+const HERE = dirname(fileURLToPath(import.meta.url));
+/** The repository root (this file runs from clients/typescript/dist/test). */
+export const ROOT = resolve(HERE, "..", "..", "..", "..");
+const GATEWAY = process.env.BUSMQ_GATEWAY_BIN ?? join(ROOT, ".venv", "bin", "busmq-gateway");
+
+/** A loopback port that was free a moment ago, below the ephemeral range (an outgoing
+ * connection can take an ephemeral one before the server binds it). */
+export async function freePort(): Promise<number> {
+  for (;;) {
+    const port = 10_000 + Math.floor(Math.random() * 22_000);
+    const free = await new Promise<boolean>((done) => {
+      const server = createServer();
+      server.once("error", () => done(false));
+      server.listen(port, "127.0.0.1", () => server.close(() => done(true)));
+    });
+    if (free) {
+      return port;
+    }
+  }
+}
+
+export class Deployment {
+  readonly secret = randomBytes(24).toString("base64url");
+  readonly dir = mkdtempSync(join(tmpdir(), "busmq-ts-"));
+  redisPort = 0;
+  gatewayPort = 0;
+  private redis: ChildProcess | undefined;
+  private gateway: ChildProcess | undefined;
+
+  get url(): string {
+    return `http://127.0.0.1:${this.gatewayPort}`;
+  }
+
+  async start(): Promise<this> {
+    this.redisPort = await freePort();
+    this.redis = spawn(
+      "redis-server",
+      ["--port", String(this.redisPort), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", this.dir],
+      { stdio: ["ignore", "pipe", "inherit"] },
+    );
+    await waitForLine(this.redis, "Ready to accept connections");
+    this.gatewayPort = await freePort();
+    await this.startGateway();
+    return this;
+  }
+
+  /** Start (or restart) the gateway on the same port. */
+  async startGateway(...extra: string[]): Promise<void> {
+    this.gateway = spawn(
+      GATEWAY,
+      [
+        "--listen", `127.0.0.1:${this.gatewayPort}`,
+        "--redis-url", `redis://127.0.0.1:${this.redisPort}`,
+        "--secret", this.secret,
+        "--log-format", "text",
+        "--grace-seconds", "2",
+        ...extra,
+      ],
+      { stdio: ["ignore", "pipe", "inherit"], env: { ...process.env, BUSMQ_LEASE_SECONDS: "3" } },
+    );
+    await waitForLine(this.gateway, "busmq gateway ready");
+  }
+
+  /** SIGKILL the gateway (no drain, no goodbye to its streams). */
+  async killGateway(): Promise<void> {
+    await stop(this.gateway, "SIGKILL");
+  }
+
+  async stop(): Promise<void> {
+    await stop(this.gateway, "SIGTERM");
+    await stop(this.redis, "SIGTERM");
+    rmSync(this.dir, { recursive: true, force: true });
+  }
+}
+
+async function stop(child: ChildProcess | undefined, signal: NodeJS.Signals): Promise<void> {
+  if (child === undefined || child.exitCode !== null || child.signalCode !== null) {
+    return;
+  }
+  const exited = new Promise((done) => child.once("exit", done));
+  child.kill(signal);
+  await exited;
+}
+
+function waitForLine(child: ChildProcess, text: string, timeoutMs = 20_000): Promise<void> {
+  return new Promise((resolveReady, reject) => {
+    let seen = "";
+    const timer = setTimeout(() => reject(new Error(`no "${text}" within ${timeoutMs} ms: ${seen}`)), timeoutMs);
+    child.stdout?.on("data", (chunk: Buffer) => {
+      if (seen.includes(text)) {
+        return; // keep draining the pipe
+      }
+      seen += chunk.toString();
+      if (seen.includes(text)) {
+        clearTimeout(timer);
+        resolveReady();
+      }
+    });
+    child.once("exit", (code) => {
+      clearTimeout(timer);
+      reject(new Error(`exited (${code}) before "${text}": ${seen}`));
+    });
+  });
+}
