@@ -14,6 +14,7 @@ Usage::
 
     .venv/bin/python bench/ha_bench.py                # 10 s per run
     .venv/bin/python bench/ha_bench.py --seconds 5 --queues 50
+    .venv/bin/python bench/ha_bench.py --rounds 3      # medians of 3 interleaved rounds
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ import argparse
 import asyncio
 import contextlib
 import json
+import statistics
 import sys
+from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -116,35 +119,48 @@ async def main_async(args: argparse.Namespace) -> None:
         max_connections=0,
         bus_settings=(),
     )
-    results: dict[tuple[str, str, int, str], Result] = {}
-    for kind, durability, processes in SETUPS:
-        config = replace(base, durability=durability)
-        with deployment(kind) as target:
-            for scenario in SCENARIOS:
-                print(f"running {kind} {durability} x{processes} {scenario} ...", file=sys.stderr)
-                if processes == 1:
-                    result = await run_busmq(config, target, scenario)
-                else:
-                    assert isinstance(target, LocalCluster)
-                    result = await in_processes(config, target, scenario, processes)
-                results[(kind, durability, processes, scenario)] = result
+    results: dict[tuple[str, str, int, str], list[Result]] = defaultdict(list)
+    # Rounds interleave the setups, so a slow spell of a shared machine touches them all.
+    for round_number in range(1, args.rounds + 1):
+        for kind, durability, processes in SETUPS:
+            config = replace(base, durability=durability)
+            with deployment(kind) as target:
+                for scenario in SCENARIOS:
+                    print(
+                        f"round {round_number}: {kind} {durability} x{processes} {scenario} ...",
+                        file=sys.stderr,
+                    )
+                    if processes == 1:
+                        result = await run_busmq(config, target, scenario)
+                    else:
+                        assert isinstance(target, LocalCluster)
+                        result = await in_processes(config, target, scenario, processes)
+                    results[(kind, durability, processes, scenario)].append(result)
     print(report(results))
 
 
-def report(results: dict[tuple[str, str, int, str], Result]) -> str:
+def report(results: dict[tuple[str, str, int, str], list[Result]]) -> str:
+    """Medians over the rounds; the flood's lowest-highest is in brackets."""
     lines = [
         f"{'deployment':<12} {'durability':<11} {'procs':>5} {'flood consumed/s':>17}"
-        f" {'vs standalone':>14} {'client cores':>12} {'redis cores':>12}"
+        f" {'(min-max)':>17} {'vs standalone':>14} {'client cores':>12} {'redis cores':>12}"
         f" {'rate p50 ms':>12} {'rate p99 ms':>12}",
     ]
-    flood0 = results[("standalone", "async", 1, "amo")].consumed_per_s
+
+    def median(key: tuple[str, str, int, str], field: str) -> float:
+        return statistics.median(getattr(r, field) for r in results[key])
+
+    flood0 = median(("standalone", "async", 1, "amo"), "consumed_per_s")
     for kind, durability, processes in SETUPS:
-        flood = results[(kind, durability, processes, "amo")]
-        rate = results[(kind, durability, processes, "rate")]
+        amo, rate = (kind, durability, processes, "amo"), (kind, durability, processes, "rate")
+        flood = median(amo, "consumed_per_s")
+        floods = [r.consumed_per_s for r in results[amo]]
+        spread = f"({min(floods) / 1000:,.0f}k-{max(floods) / 1000:,.0f}k)"
         lines.append(
-            f"{kind:<12} {durability:<11} {processes:>5} {flood.consumed_per_s:>17,.0f}"
-            f" {flood.consumed_per_s / flood0:>13.2f}x {flood.client_cpu:>12.2f}"
-            f" {flood.redis_cpu:>12.2f} {rate.p50_ms:>12.3f} {rate.p99_ms:>12.3f}"
+            f"{kind:<12} {durability:<11} {processes:>5} {flood:>17,.0f} {spread:>17}"
+            f" {flood / flood0:>13.2f}x {median(amo, 'client_cpu'):>12.2f}"
+            f" {median(amo, 'redis_cpu'):>12.2f} {median(rate, 'p50_ms'):>12.3f}"
+            f" {median(rate, 'p99_ms'):>12.3f}"
         )
     return "\n".join(lines)
 
@@ -163,6 +179,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=float, default=2.0)
     p.add_argument("--queues", type=int, default=100)
     p.add_argument("--rate", type=float, default=5000.0, help="total msg/s of the rate run")
+    p.add_argument("--rounds", type=int, default=1, help="interleaved rounds (medians reported)")
     p.add_argument(
         "--worker", nargs=3, metavar=("CONFIG", "TARGET", "SCENARIO"), help=argparse.SUPPRESS
     )

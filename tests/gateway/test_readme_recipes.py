@@ -15,6 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.support.gateway_process import spawn_until_ready
 from tests.support.redis_server import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,18 +44,11 @@ async def test_the_grpcurl_recipe_works_right_after_scripts_run_sh(tmp_path: Pat
     address = f"127.0.0.1:{free_port()}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("BUSMQ_")}
     env["BUSMQ_DATA_DIR"] = str(tmp_path / "redis")  # the embedded Redis's data
-    gateway = await asyncio.create_subprocess_exec(
-        "bash", "scripts/run.sh", "--listen", address,
-        cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
-    assert gateway.stdout is not None
-    output: list[str] = []
+    # setup.sh may install what is missing first
+    gateway, output = await spawn_until_ready(
+        "bash", "scripts/run.sh", "--listen", address, cwd=ROOT, env=env, timeout=180
+    )
     try:
-        async with asyncio.timeout(180):  # setup.sh may install what is missing
-            while not any("busmq gateway ready" in line for line in output):
-                line = await gateway.stdout.readline()
-                assert line, "run.sh exited:\n" + "".join(output)
-                output.append(line.decode())
         embedded = [p for p in psutil.Process(gateway.pid).children() if "redis" in p.name()]
         assert embedded, "the gateway runs on an embedded redis-server"
 
@@ -98,29 +92,19 @@ async def test_the_tls_recipe_makes_certificates_that_serve_mtls(tmp_path: Path)
     assert all((tmp_path / "tls" / f).exists() for f in ("ca.crt", "server.crt", "client.crt"))
 
     port = free_port()
-    gateway = await asyncio.create_subprocess_exec(
-        "bash", "-c", "exec " + serve.replace("0.0.0.0:8443", f"127.0.0.1:{port}").strip(),
-        cwd=tmp_path, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
-    assert gateway.stdout is not None
+    command = "exec " + serve.replace("0.0.0.0:8443", f"127.0.0.1:{port}").strip()
+    gateway, _ = await spawn_until_ready("bash", "-c", command, cwd=tmp_path, env=env)
     try:
-        async with asyncio.timeout(30):
-            while b"busmq gateway ready" not in (line := await gateway.stdout.readline()):
-                assert line, "the gateway exited"
-        drain = asyncio.create_task(gateway.stdout.read())
-        called = await bash(call.replace(DOCUMENTED_ADDRESS, f"127.0.0.1:{port}"), tmp_path, env)
+        call = call.replace(DOCUMENTED_ADDRESS, f"127.0.0.1:{port}")
+        called = await bash(call, tmp_path, env)
         assert called[0] == 0, called[1]
         assert "busmq.v1.QueueService" in called[1]
         # mTLS: the same call without the client certificate is refused.
         no_cert = call.replace("-cert tls/client.crt -key tls/client.key ", "")
-        refused = await bash(
-            no_cert.replace(DOCUMENTED_ADDRESS, f"127.0.0.1:{port}"), tmp_path, env
-        )
-        assert refused[0] != 0
+        assert (await bash(no_cert, tmp_path, env))[0] != 0
     finally:
         gateway.terminate()
         await gateway.wait()
-    await drain
 
 
 async def bash(script: str, cwd: Path, env: dict[str, str]) -> tuple[int, str]:

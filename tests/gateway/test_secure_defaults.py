@@ -16,6 +16,7 @@ import pytest
 from busmq_gateway import Gateway, GatewaySettings
 from tests.conftest import fast_settings
 from tests.support.certs import make_pki
+from tests.support.gateway_process import spawn_until_ready
 from tests.support.redis_server import RedisServer, free_port
 
 STRONG = "a-strong-secret-0123456789"
@@ -106,16 +107,10 @@ async def test_tls_from_the_environment_serves_grpcurl_with_the_ca_and_the_healt
         "BUSMQ_GATEWAY_TLS_KEY": str(server.key),
         "BUSMQ_REDIS_URLS": redis_server.url,
     }
-    gateway = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "busmq_gateway", "--log-format", "text",
-        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
-    assert gateway.stdout is not None
+    gateway, _ = await spawn_until_ready(
+        sys.executable, "-m", "busmq_gateway", "--log-format", "text", env=env
+    )
     try:
-        async with asyncio.timeout(20):
-            while b"busmq gateway ready" not in (line := await gateway.stdout.readline()):
-                assert line, "the gateway exited"
-        drain = asyncio.create_task(gateway.stdout.read())
         header = f"authorization: Bearer {STRONG}"
         listed = await run(str(GRPCURL), "-cacert", str(ca.cert), "-H", header, address, "list")
         assert listed[0] == 0 and "busmq.v1.QueueService" in listed[1], listed
@@ -128,7 +123,6 @@ async def test_tls_from_the_environment_serves_grpcurl_with_the_ca_and_the_healt
     finally:
         gateway.terminate()
         await gateway.wait()
-    await drain
 
 
 async def run(*argv: str, env: dict[str, str] | None = None) -> tuple[int, str]:

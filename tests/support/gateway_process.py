@@ -14,6 +14,45 @@ from busmq import Bus
 from tests.support.redis_server import free_port
 
 GATEWAY_CMD = [sys.executable, "-m", "busmq_gateway"]
+READY = b"busmq gateway ready"
+
+
+async def spawn_until_ready(
+    *argv: str,
+    env: dict[str, str],
+    cwd: Path | None = None,
+    timeout: float = 20.0,
+) -> tuple[asyncio.subprocess.Process, list[str]]:
+    """Start a command that runs a gateway (``busmq-gateway``, ``scripts/run.sh``, ...)
+    and return once it logged that it is ready: the process and what it printed so far.
+    Its later output is read and dropped, so the pipe never fills."""
+    process = await asyncio.create_subprocess_exec(
+        *argv, cwd=cwd, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+    assert process.stdout is not None
+    output: list[str] = []
+    try:
+        async with asyncio.timeout(timeout):
+            while not output or READY not in output[-1].encode():
+                line = await process.stdout.readline()
+                if not line:
+                    raise RuntimeError("exited before it was ready:\n" + "".join(output))
+                output.append(line.decode())
+    except BaseException:
+        if process.returncode is None:
+            process.kill()
+        await process.wait()
+        raise
+    _drains.add(asyncio.create_task(_drain(process.stdout)))
+    return process, output
+
+
+_drains: set[asyncio.Task[None]] = set()
+
+
+async def _drain(stream: asyncio.StreamReader) -> None:
+    while await stream.readline():
+        pass
 
 
 class GatewayProcess:
