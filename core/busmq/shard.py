@@ -215,9 +215,16 @@ class Shard:
         except TimeoutError:
             return False
 
+    @property
+    def closed(self) -> bool:
+        return self.state is ShardState.CLOSED
+
     async def close(self) -> None:
         self._set_state(ShardState.CLOSED)
         if self._monitor is not None:
+            # The monitor also stops on seeing CLOSED: a client library may turn the
+            # cancellation of a probe into a connection error, which it survives.
+            self._wake_monitor.set()
             self._monitor.cancel()
             await asyncio.gather(self._monitor, return_exceptions=True)
         await self.notifier.close()
@@ -235,7 +242,7 @@ class Shard:
 
     async def _monitor_loop(self) -> None:
         backoff = 0.05
-        while True:
+        while not self.closed:
             try:
                 async with asyncio.timeout(self._settings.operation_timeout):
                     await self._probe()
@@ -249,6 +256,8 @@ class Shard:
                     await self._drop_idle_connections()
                 self._set_state(ShardState.ONLINE)
                 delay = self._settings.health_interval
+            if self.closed:
+                return
             self._wake_monitor.clear()
             try:
                 async with asyncio.timeout(delay):
@@ -314,8 +323,8 @@ class Shard:
         self._wake_monitor.set()
 
     def _set_state(self, state: ShardState) -> None:
-        if state is self.state:
-            return
+        if state is self.state or self.state is ShardState.CLOSED:
+            return  # a closed shard stays closed
         self.state = state
         if state is ShardState.ONLINE:
             self._online.set()

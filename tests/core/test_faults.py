@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis.exceptions
 
 from busmq import (
     Bus,
@@ -485,3 +486,30 @@ async def test_embedded_redis_keeps_data_across_bus_restart(
         async with queue.consume(Mode.AT_MOST_ONCE, max=3) as consumer:
             got = [(d.id, d.data) async for d in consumer]
         assert got == list(zip(ids, [b"raw", "text", {"json": [1, 2]}], strict=True))
+
+
+async def test_close_stops_the_health_monitor_even_if_a_probe_swallows_its_cancellation(
+    redis_server: RedisServer, make_bus: Callable[..., Any]
+) -> None:
+    # Seen after failovers: a client library turned the cancellation of a probe in
+    # flight into a connection error, the monitor survived it and close() waited forever.
+    bus: Bus = await make_bus([redis_server.url])
+    shard = bus.shards[0]
+    probing = asyncio.Event()
+
+    async def stubborn_probe() -> None:
+        probing.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            raise redis.exceptions.ConnectionError("connection closed while probing") from None
+
+    shard._probe = stubborn_probe  # type: ignore[method-assign]
+    shard._wake_monitor.set()  # probe now
+    await probing.wait()
+    closing = asyncio.create_task(shard.close())
+    # A bound on a hang, not a timing claim: a monitor that survives never lets it end.
+    done, _ = await asyncio.wait([closing], timeout=30)
+    assert closing in done, "close() is stuck behind the health monitor"
+    assert shard._monitor is not None and shard._monitor.done()
+    assert shard.state.value == "closed"

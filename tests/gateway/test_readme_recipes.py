@@ -10,13 +10,14 @@ import json
 import os
 import re
 import signal
+import sys
 from pathlib import Path
 
 import psutil
 import pytest
 
-from tests.support.gateway_process import spawn_until_ready
-from tests.support.redis_server import free_port
+from tests.support.gateway_process import GatewayProcess, spawn_until_ready
+from tests.support.redis_server import RedisServer, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -115,3 +116,26 @@ async def bash(script: str, cwd: Path, env: dict[str, str]) -> tuple[int, str]:
     out, _ = await asyncio.wait_for(shell.communicate(), 60)
     assert shell.returncode is not None
     return shell.returncode, out.decode()
+
+
+async def test_the_python_stubs_example_of_clients_readme_runs(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    text = (ROOT / "clients" / "README.md").read_text()
+    [example] = re.findall(r"^```python\n(.*?)^```$", text, flags=re.MULTILINE | re.DOTALL)
+    assert DOCUMENTED_ADDRESS in example
+    secret = "clients-readme-secret-0123456789"
+    (tmp_path / ".busmq-secret").write_text(secret + "\n")  # as scripts/run.sh writes it
+    gateway = GatewayProcess(redis_server.url, (secret,))
+    await gateway.start()
+    try:
+        script = example.replace(DOCUMENTED_ADDRESS, gateway.target)
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", script, cwd=tmp_path, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+        out, _ = await asyncio.wait_for(process.communicate(), 30)
+    finally:
+        await gateway.stop()
+    assert process.returncode == 0, out.decode()
+    assert out.decode() == "1 b'hi'\n"

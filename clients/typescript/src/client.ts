@@ -5,8 +5,12 @@ import { isIP } from "node:net";
 import { type CallOptions, type Client, createClient, type Interceptor } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
 import { toBusError } from "./errors.js";
+import { ChannelEnd, type ChannelRoles } from "./channel.js";
+import { ChannelService } from "./gen/busmq/v1/channel_service_pb.js";
 import { QueueService } from "./gen/busmq/v1/queue_service_pb.js";
+import { RequestService } from "./gen/busmq/v1/request_service_pb.js";
 import { QueueHandle } from "./queue.js";
+import { ServiceHandle } from "./service.js";
 
 export interface BusClientOptions {
   /** The gateway: "https://gateway-a:8443" (TLS) or "http://127.0.0.1:8443" (plaintext). */
@@ -29,8 +33,10 @@ export interface BusClientOptions {
 export class BusClient {
   readonly url: string;
   readonly timeoutMs: number;
-  /** The generated QueueService client, for calls the helpers do not cover. */
+  /** The generated service clients, for calls the helpers do not cover. */
   readonly queues: Client<typeof QueueService>;
+  readonly requests: Client<typeof RequestService>;
+  readonly channels: Client<typeof ChannelService>;
   private readonly handles = new Set<QueueHandle>();
 
   constructor(options: BusClientOptions) {
@@ -64,6 +70,8 @@ export class BusClient {
       nodeOptions: { ca: options.ca, cert: options.cert, key: options.key },
     });
     this.queues = createClient(QueueService, transport);
+    this.requests = createClient(RequestService, transport);
+    this.channels = createClient(ChannelService, transport);
   }
 
   /** A handle on queue `name` (attach it to create it). */
@@ -71,6 +79,17 @@ export class BusClient {
     const handle = new QueueHandle(this, name);
     this.handles.add(handle);
     return handle;
+  }
+
+  /** Request/reply service `name`: `request()`, `requestStream()`, `serve()`. */
+  service(name: string): ServiceHandle {
+    return new ServiceHandle(this, name);
+  }
+
+  /** One end of channel `name`, playing `local` towards `remote` (defaults "local" and
+   * "remote"); `connect()` it. */
+  channel(name: string, roles: ChannelRoles = {}): ChannelEnd {
+    return new ChannelEnd(this, name, roles);
   }
 
   /** Run a unary call with the client's deadline, translating its error. */

@@ -29,7 +29,7 @@ export interface ConsumeOptions {
   batch?: boolean;
 }
 
-const MODES: Record<Mode, ConsumeMode> = {
+export const MODES: Record<Mode, ConsumeMode> = {
   "at-most-once": ConsumeMode.AT_MOST_ONCE,
   "at-least-once": ConsumeMode.AT_LEAST_ONCE,
   replay: ConsumeMode.REPLAY,

@@ -28,8 +28,14 @@ export function encode(
   return { payload: encoder.encode(JSON.stringify(payload)), kind: PayloadKind.JSON, headers };
 }
 
-/** A message's payload as it was pushed: bytes, text or the parsed JSON value. */
-export function decode(message: Message): Payload {
+/** The wire form of a reply (a payload without headers). */
+export function encodeValue(payload: Payload): { payload: Uint8Array; kind: PayloadKind } {
+  const { payload: bytes, kind } = encode(payload);
+  return { payload: bytes as Uint8Array, kind: kind as PayloadKind };
+}
+
+/** A payload as it was pushed: bytes, text or the parsed JSON value. */
+export function decode(message: Pick<Message, "payload" | "kind">): Payload {
   switch (message.kind) {
     case PayloadKind.TEXT:
       return decoder.decode(message.payload);

@@ -13,6 +13,7 @@ const HERE = dirname(fileURLToPath(import.meta.url));
 /** The repository root (this file runs from clients/typescript/dist/test). */
 export const ROOT = resolve(HERE, "..", "..", "..", "..");
 const GATEWAY = process.env.BUSMQ_GATEWAY_BIN ?? join(ROOT, ".venv", "bin", "busmq-gateway");
+const PYTHON = join(ROOT, ".venv", "bin", "python");
 
 /** A loopback port that was free a moment ago, below the ephemeral range (an outgoing
  * connection can take an ephemeral one before the server binds it). */
@@ -37,6 +38,7 @@ export class Deployment {
   gatewayPort = 0;
   private redis: ChildProcess | undefined;
   private gateway: ChildProcess | undefined;
+  private readonly helpers: ChildProcess[] = [];
 
   get url(): string {
     return `http://127.0.0.1:${this.gatewayPort}`;
@@ -72,12 +74,25 @@ export class Deployment {
     await waitForLine(this.gateway, "busmq gateway ready");
   }
 
+  /** A Python process serving `service` on the same Redis (tests/support/service_worker.py:
+   * ops "double" and "count"); stopped with the deployment. */
+  async startPythonHandler(service: string): Promise<void> {
+    const urls = JSON.stringify([`redis://127.0.0.1:${this.redisPort}`]);
+    const handler = spawn(PYTHON, ["-m", "tests.support.service_worker", urls, service], {
+      cwd: ROOT,
+      stdio: ["ignore", "pipe", "inherit"],
+    });
+    this.helpers.push(handler);
+    await waitForLine(handler, '"serving"');
+  }
+
   /** SIGKILL the gateway (no drain, no goodbye to its streams). */
   async killGateway(): Promise<void> {
     await stop(this.gateway, "SIGKILL");
   }
 
   async stop(): Promise<void> {
+    await Promise.all(this.helpers.map((helper) => stop(helper, "SIGTERM")));
     await stop(this.gateway, "SIGTERM");
     await stop(this.redis, "SIGTERM");
     rmSync(this.dir, { recursive: true, force: true });

@@ -1,0 +1,109 @@
+// Request/reply and channels through a live gateway, with a Python handler on the same bus.
+
+import assert from "node:assert/strict";
+import { after, before, describe, test } from "node:test";
+import { BusClient, type ChannelEvent, HandlerError } from "../src/index.js";
+import { Deployment } from "./support.js";
+
+describe("request/reply and channels through a live gateway", () => {
+  let deployment: Deployment;
+  let client: BusClient;
+
+  before(async () => {
+    deployment = await new Deployment().start();
+    client = new BusClient({ url: deployment.url, secret: deployment.secret });
+  });
+
+  after(async () => {
+    await client.close();
+    await deployment.stop();
+  });
+
+  test("a request to a Python handler gets its reply, and its stream item by item", async () => {
+    await deployment.startPythonHandler("py-math");
+    const math = client.service("py-math");
+    const reply = (await math.request({ op: "double", n: 21 }, { timeoutMs: 5000 })) as Record<
+      string,
+      unknown
+    >;
+    assert.equal(reply.double, 42);
+    const items: unknown[] = [];
+    for await (const item of math.requestStream({ op: "count", to: 5 })) {
+      items.push(item);
+    }
+    assert.deepEqual(items, [0, 1, 2, 3, 4]);
+  });
+
+  test("a TypeScript handler serves values, streams and errors", async () => {
+    const echo = client.service("ts-echo");
+    const server = echo.serve(async function* handler(request) {
+      const data = request.data as { op: string; text?: string };
+      if (data.op === "fail") {
+        throw new RangeError("no such op");
+      }
+      if (data.op === "words") {
+        for (const word of (data.text ?? "").split(" ")) {
+          yield word;
+        }
+        return;
+      }
+      yield `echo: ${data.text}`;
+    });
+    try {
+      assert.deepEqual(await echo.request({ op: "say", text: "hi" }), ["echo: hi"]);
+      const words: unknown[] = [];
+      for await (const word of echo.requestStream({ op: "words", text: "a b c" })) {
+        words.push(word);
+      }
+      assert.deepEqual(words, ["a", "b", "c"]);
+      await assert.rejects(echo.request({ op: "fail" }), (error: unknown) => {
+        assert.ok(error instanceof HandlerError);
+        assert.equal(error.metadata.error_type, "RangeError");
+        assert.match(error.message, /no such op/);
+        return true;
+      });
+    } finally {
+      await server.stop();
+    }
+    const unary = client.service("ts-unary");
+    const second = unary.serve(async (request) => ({ got: request.data as number }));
+    try {
+      assert.deepEqual(await unary.request(7), { got: 7 });
+    } finally {
+      await second.stop();
+    }
+  });
+
+  test("a channel round trip: connect, send both ways, events, end", async () => {
+    const server = client.channel("ts-chat", { local: "server", remote: "client" });
+    const user = client.channel("ts-chat", { local: "client", remote: "server" });
+    const serverEvents: ChannelEvent[] = [];
+    server.on((event) => serverEvents.push(event));
+    await server.connect({ mode: "at-least-once" });
+    await user.connect();
+    assert.equal(server.role, "server");
+    assert.equal(user.peerRole, "server");
+
+    await user.send({ text: "hi" });
+    for await (const message of server) {
+      assert.deepEqual(message.data, { text: "hi" });
+      await message.ack();
+      await server.send({ echo: message.data });
+      break;
+    }
+    for await (const message of user) {
+      assert.deepEqual(message.data, { echo: { text: "hi" } });
+      break;
+    }
+    await user.end();
+    const rest = [];
+    for await (const message of server) {
+      rest.push(message); // the stream ends with the channel
+    }
+    assert.deepEqual(rest, []);
+    const kinds = serverEvents.map((e) => e.kind);
+    assert.ok(kinds.includes("remote_connected"), kinds.join());
+    assert.equal(kinds.at(-1), "ended");
+    assert.equal(serverEvents.at(-1)?.details.by, "remote");
+  });
+});
