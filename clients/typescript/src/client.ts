@@ -9,6 +9,7 @@ import { ChannelEnd, type ChannelRoles } from "./channel.js";
 import { ChannelService } from "./gen/busmq/v1/channel_service_pb.js";
 import { QueueService } from "./gen/busmq/v1/queue_service_pb.js";
 import { RequestService } from "./gen/busmq/v1/request_service_pb.js";
+import { PushCoalescer } from "./pushes.js";
 import { QueueHandle } from "./queue.js";
 import { ServiceHandle } from "./service.js";
 
@@ -37,6 +38,8 @@ export class BusClient {
   readonly queues: Client<typeof QueueService>;
   readonly requests: Client<typeof RequestService>;
   readonly channels: Client<typeof ChannelService>;
+  /** Pushes made while a push call is under way go together in the next one. */
+  readonly pushes: PushCoalescer;
   private readonly handles = new Set<QueueHandle>();
 
   constructor(options: BusClientOptions) {
@@ -72,6 +75,7 @@ export class BusClient {
     this.queues = createClient(QueueService, transport);
     this.requests = createClient(RequestService, transport);
     this.channels = createClient(ChannelService, transport);
+    this.pushes = new PushCoalescer(this);
   }
 
   /** A handle on queue `name` (attach it to create it). */

@@ -131,8 +131,7 @@ export class QueueHandle {
     const deadline = Date.now() + (options.retryForMs ?? 10_000);
     for (let backoff = 50; ; backoff = Math.min(backoff * 2, 1000)) {
       try {
-        const reply = await this.client.unary((o) => this.client.queues.push(request, o));
-        return reply.ids;
+        return await this.client.pushes.push(request);
       } catch (error) {
         const busError = toBusError(error);
         if (!busError.retryable || Date.now() + backoff > deadline) {

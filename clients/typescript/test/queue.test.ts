@@ -97,6 +97,28 @@ describe("queues through a live gateway", () => {
     await assert.rejects(client.queue("ts-never-attached").push("x"), NotFoundError);
   });
 
+  test("pushes made while a call is under way go together, each answered on its own", async () => {
+    const queue = client.queue("ts-coalesced");
+    await queue.attach();
+    // The first push goes out at once; the next four wait for it and share one PushMany.
+    const calls = client.pushes.calls;
+    const outcomes = await Promise.allSettled([
+      queue.push("first"),
+      queue.push("second"),
+      client.queue("ts-not-attached").push("refused"),
+      queue.push(new Uint8Array(2 * 1024 * 1024)),
+      queue.push("third"),
+    ]);
+    assert.equal(client.pushes.calls - calls, 2);
+    const values = outcomes.map((o) => (o.status === "fulfilled" ? o.value : o.reason));
+    assert.deepEqual(values.filter((v) => typeof v === "bigint"), [1n, 2n, 3n]);
+    assert.ok(values[2] instanceof NotFoundError, String(values[2]));
+    assert.ok(values[3] instanceof MessageTooLargeError, String(values[3]));
+    assert.equal((values[3] as MessageTooLargeError).limit, 1024 * 1024); // from the Status's ErrorInfo
+    assert.equal((await queue.info()).count, 3n);
+    await queue.detach();
+  });
+
   test("plaintext to a host that is not loopback needs an explicit opt-in", () => {
     assert.throws(() => new BusClient({ url: "http://10.0.0.7:8443" }), /refusing plaintext/);
     assert.ok(new BusClient({ url: "http://10.0.0.7:8443", allowPlaintext: true }));
