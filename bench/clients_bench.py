@@ -23,7 +23,15 @@ from _flow import Figures  # bench/ is sys.path[0]
 from _redis import local_redis
 from busmq import Bus, BusSettings
 from busmq.federation import FederationSettings, FederationTarget
-from federation_bench import SECRET, AnyQueue, fixed_rate, flood, report, start_gateway
+from federation_bench import (
+    SECRET,
+    AnyQueue,
+    fixed_rate,
+    flood,
+    report,
+    start_gateway,
+    workload_arguments,
+)
 
 TYPESCRIPT = Path(__file__).resolve().parents[1] / "clients" / "typescript"
 
@@ -106,14 +114,7 @@ async def main(args: argparse.Namespace) -> None:
 
 def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--warmup", type=float, default=2.0)
-    parser.add_argument("--queues", type=int, default=10)
-    parser.add_argument("--size", type=int, default=32)
-    parser.add_argument("--batch", type=int, default=100)
-    parser.add_argument("--window", type=int, default=2000)
-    parser.add_argument("--prefetch", type=int, default=500)
-    parser.add_argument("--rate", type=float, default=1000.0)
+    workload_arguments(parser, seconds=10.0)
     return parser.parse_args()
 
 

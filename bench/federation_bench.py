@@ -307,17 +307,22 @@ async def main(args: argparse.Namespace) -> None:
     print(f"cpus: {os.cpu_count()}, load average at the end: {os.getloadavg()[0]:.2f}")
 
 
-def parse() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=20.0)
+def workload_arguments(parser: argparse.ArgumentParser, *, seconds: float) -> None:
+    """The options of the flood and fixed-rate runs (shared with clients_bench.py)."""
+    parser.add_argument("--seconds", type=float, default=seconds)
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--queues", type=int, default=10)
     parser.add_argument("--size", type=int, default=32)
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--window", type=int, default=2000)
     parser.add_argument("--prefetch", type=int, default=500)
-    parser.add_argument("--pool", type=int, default=2)
     parser.add_argument("--rate", type=float, default=1000.0)
+
+
+def parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    workload_arguments(parser, seconds=20.0)
+    parser.add_argument("--pool", type=int, default=2)
     parser.add_argument("--low-rate", type=float, default=500.0)
     parser.add_argument("--outbox-messages", type=int, default=20_000)
     return parser.parse_args()

@@ -2,8 +2,7 @@
 // stream with backoff (at-least-once: unacked deliveries come back; replay: continues
 // after the last id seen; `max` counts across reopenings). Acks of one tick go in one call.
 
-import { Code } from "@connectrpc/connect";
-import { type BusError, toBusError } from "./errors.js";
+import { type BusError, streamResumable, toBusError } from "./errors.js";
 import type { ConsumeRequestSchema } from "./gen/busmq/v1/queue_service_pb.js";
 import { ConsumeMode, type Delivery as WireDelivery, type Message } from "./gen/busmq/v1/types_pb.js";
 import type { MessageInitShape } from "@bufbuild/protobuf";
@@ -34,10 +33,6 @@ export const MODES: Record<Mode, ConsumeMode> = {
   "at-least-once": ConsumeMode.AT_LEAST_ONCE,
   replay: ConsumeMode.REPLAY,
 };
-
-// A stream that broke on the way (gateway restarted, connection reset: an HTTP/2 reset
-// reads as Canceled when we did not cancel it) is reopened.
-const RESUMABLE = new Set([Code.Unavailable, Code.Internal, Code.Unknown, Code.Canceled]);
 
 /** One message handed to this consumer. */
 export class Delivery {
@@ -124,7 +119,7 @@ export class Consumer implements AsyncIterable<Delivery> {
             return;
           }
           const busError = toBusError(error);
-          if (!RESUMABLE.has(busError.code)) {
+          if (!streamResumable(busError)) {
             throw busError;
           }
           this.lastError = busError;

@@ -4,6 +4,8 @@
 import { Code, ConnectError } from "@connectrpc/connect";
 import { ErrorInfoSchema } from "./gen/google/rpc/error_details_pb.js";
 
+const TRANSPORT = new Set([Code.Aborted, Code.Internal, Code.Unknown]);
+
 /** Any failure of a busmq call: the gRPC code, the ErrorInfo reason and its facts. */
 export class BusError extends Error {
   /** The gRPC status code. */
@@ -27,9 +29,17 @@ export class BusError extends Error {
     this.metadata = metadata;
   }
 
-  /** Whether the same call may succeed later (the gateway or its Redis was away). */
+  /** Whether the failure came from the connection rather than the gateway (no ErrorInfo:
+   * a reset, a refused or dropped connection). */
+  get fromTransport(): boolean {
+    return this.reason === Code[this.code];
+  }
+
+  /** Whether the same call may succeed later: the gateway or its Redis was away, or the
+   * connection broke (a reset reads as Aborted, Internal or Unknown). A push retried
+   * with its request id is stored once. */
   get retryable(): boolean {
-    return this.code === Code.Unavailable;
+    return this.code === Code.Unavailable || (this.fromTransport && TRANSPORT.has(this.code));
   }
 }
 
@@ -125,4 +135,11 @@ export function toBusError(error: unknown): BusError {
   const metadata = { ...(info?.metadata ?? {}) };
   const Class = (info && BY_REASON[info.reason]) || BY_CODE[connect.code] || BusError;
   return new Class(connect.rawMessage, connect.code, reason, metadata, { cause: error });
+}
+
+/** Whether a stream that ended with `error` is to be reopened: it broke on the way (the
+ * gateway restarted, the connection reset). An HTTP/2 reset reads as Canceled when the
+ * client did not cancel (callers check their own abort first). */
+export function streamResumable(error: BusError): boolean {
+  return error.retryable || (error.fromTransport && error.code === Code.Canceled);
 }

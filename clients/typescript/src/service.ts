@@ -1,9 +1,8 @@
 // Request/reply through the gateway: requesters call a service by name; handlers serve
 // it from a stream that resumes after it breaks.
 
-import { Code } from "@connectrpc/connect";
 import type { BusClient } from "./client.js";
-import { type BusError, toBusError } from "./errors.js";
+import { type BusError, streamResumable, toBusError } from "./errors.js";
 import type { Message } from "./gen/busmq/v1/types_pb.js";
 import { decode, encode, encodeValue, type Payload } from "./messages.js";
 import { duration, sleep } from "./queue.js";
@@ -32,8 +31,6 @@ export interface ServeOptions {
   /** Seconds before an unanswered request goes to another handler (default 30). */
   visibilityTimeoutSeconds?: number;
 }
-
-const RESUMABLE = new Set([Code.Unavailable, Code.Internal, Code.Unknown, Code.Canceled]);
 
 /** Service `name` on the gateway. */
 export class ServiceHandle {
@@ -138,7 +135,7 @@ export class Server {
           break;
         }
         const busError = toBusError(error);
-        if (!RESUMABLE.has(busError.code)) {
+        if (!streamResumable(busError)) {
           throw busError;
         }
         this.lastError = busError;

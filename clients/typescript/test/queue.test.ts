@@ -1,7 +1,7 @@
 // The client against a real gateway process (and its redis-server) on free ports.
 
 import assert from "node:assert/strict";
-import { after, before, describe, test } from "node:test";
+import { describe, test } from "node:test";
 import {
   BusClient,
   InvalidNameError,
@@ -9,23 +9,13 @@ import {
   NotFoundError,
   UnauthenticatedError,
 } from "../src/index.js";
-import { Deployment } from "./support.js";
+import { Deployment, liveGateway } from "./support.js";
 
 describe("queues through a live gateway", () => {
-  let deployment: Deployment;
-  let client: BusClient;
-
-  before(async () => {
-    deployment = await new Deployment().start();
-    client = new BusClient({ url: deployment.url, secret: deployment.secret });
-  });
-
-  after(async () => {
-    await client.close();
-    await deployment.stop();
-  });
+  const live = liveGateway();
 
   test("10,000 pushed in batches are consumed at-least-once, each id once and in order", async () => {
+    const { client } = live();
     const orders = client.queue("ts-orders");
     assert.equal(await orders.attach(), true);
     const pushed: bigint[] = [];
@@ -49,6 +39,7 @@ describe("queues through a live gateway", () => {
   });
 
   test("a retried push with the same request id is stored once", async () => {
+    const { client } = live();
     const queue = client.queue("ts-dedupe");
     await queue.attach();
     const first = await queue.pushBatch(["a", "b"], { requestId: "order-17" });
@@ -59,6 +50,7 @@ describe("queues through a live gateway", () => {
   });
 
   test("replay reads from an id, and max ends the consumer", async () => {
+    const { client } = live();
     const log = client.queue("ts-log");
     await log.attach();
     await log.pushBatch(["one", "two", "three", "four", "five"], { headers: { source: "ts" } });
@@ -77,6 +69,7 @@ describe("queues through a live gateway", () => {
   });
 
   test("errors are typed from the status and ErrorInfo", async () => {
+    const { client, deployment } = live();
     const wrong = new BusClient({ url: deployment.url, secret: "not-the-secret-at-all" });
     await assert.rejects(wrong.queue("ts-x").attach(), UnauthenticatedError);
     await assert.rejects(client.queue("bad name").attach(), (error: unknown) => {
@@ -98,6 +91,7 @@ describe("queues through a live gateway", () => {
   });
 
   test("pushes made while a call is under way go together, each answered on its own", async () => {
+    const { client } = live();
     const queue = client.queue("ts-coalesced");
     await queue.attach();
     // The first push goes out at once; the next four wait for it and share one PushMany.

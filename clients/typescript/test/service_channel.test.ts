@@ -1,25 +1,15 @@
 // Request/reply and channels through a live gateway, with a Python handler on the same bus.
 
 import assert from "node:assert/strict";
-import { after, before, describe, test } from "node:test";
-import { BusClient, type ChannelEvent, HandlerError } from "../src/index.js";
-import { Deployment } from "./support.js";
+import { describe, test } from "node:test";
+import { type ChannelEvent, HandlerError } from "../src/index.js";
+import { liveGateway } from "./support.js";
 
 describe("request/reply and channels through a live gateway", () => {
-  let deployment: Deployment;
-  let client: BusClient;
-
-  before(async () => {
-    deployment = await new Deployment().start();
-    client = new BusClient({ url: deployment.url, secret: deployment.secret });
-  });
-
-  after(async () => {
-    await client.close();
-    await deployment.stop();
-  });
+  const live = liveGateway();
 
   test("a request to a Python handler gets its reply, and its stream item by item", async () => {
+    const { client, deployment } = live();
     await deployment.startPythonHandler("py-math");
     const math = client.service("py-math");
     const reply = (await math.request({ op: "double", n: 21 }, { timeoutMs: 5000 })) as Record<
@@ -35,6 +25,7 @@ describe("request/reply and channels through a live gateway", () => {
   });
 
   test("a TypeScript handler serves values, streams and errors", async () => {
+    const { client } = live();
     const echo = client.service("ts-echo");
     const server = echo.serve(async function* handler(request) {
       const data = request.data as { op: string; text?: string };
@@ -75,6 +66,7 @@ describe("request/reply and channels through a live gateway", () => {
   });
 
   test("a channel round trip: connect, send both ways, events, end", async () => {
+    const { client } = live();
     const server = client.channel("ts-chat", { local: "server", remote: "client" });
     const user = client.channel("ts-chat", { local: "client", remote: "server" });
     const serverEvents: ChannelEvent[] = [];

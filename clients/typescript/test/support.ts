@@ -7,7 +7,9 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
+import { after, before } from "node:test";
 import { fileURLToPath } from "node:url";
+import { BusClient } from "../src/index.js";
 
 const HERE = dirname(fileURLToPath(import.meta.url));
 /** The repository root (this file runs from clients/typescript/dist/test). */
@@ -127,4 +129,25 @@ function waitForLine(child: ChildProcess, text: string, timeoutMs = 20_000): Pro
       reject(new Error(`exited (${code}) before "${text}": ${seen}`));
     });
   });
+}
+
+/** Inside a `describe`: one deployment and one client for its tests, started before the
+ * first and stopped after the last. Call the returned function in a test to get them. */
+export function liveGateway(): () => { deployment: Deployment; client: BusClient } {
+  let deployment: Deployment | undefined;
+  let client: BusClient | undefined;
+  before(async () => {
+    deployment = await new Deployment().start();
+    client = new BusClient({ url: deployment.url, secret: deployment.secret });
+  });
+  after(async () => {
+    await client?.close();
+    await deployment?.stop();
+  });
+  return () => {
+    if (deployment === undefined || client === undefined) {
+      throw new Error("liveGateway(): use it inside a test of the same describe");
+    }
+    return { deployment, client };
+  };
 }
