@@ -1,10 +1,11 @@
 """Clients benchmark: the gateway workload (at-most-once flood, then single pushes at a fixed
-rate) from the Python client (a federated queue) and from the TypeScript client, against
-one gateway process, in one run.
+rate) from the Python client (a federated queue), the TypeScript client and the Go client,
+against one gateway process, in one run.
 
 The script starts its own ``redis-server`` processes and gateway on free loopback ports,
-builds the TypeScript client (``npm run build``) and runs ``clients/typescript/dist/bench/
-flood.js`` with the same options.
+builds the TypeScript client (``npm run build``) and the Go bench program (GOPATH mode,
+Debian's packages), and runs ``clients/typescript/dist/bench/flood.js`` and
+``clients/go/cmd/flood`` with the same options.
 
     .venv/bin/python bench/clients_bench.py               # 10 s per run
     .venv/bin/python bench/clients_bench.py --seconds 5
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import tempfile
 from pathlib import Path
@@ -33,12 +35,17 @@ from federation_bench import (
     workload_arguments,
 )
 
-TYPESCRIPT = Path(__file__).resolve().parents[1] / "clients" / "typescript"
+CLIENTS = Path(__file__).resolve().parents[1] / "clients"
+TYPESCRIPT, GO = CLIENTS / "typescript", CLIENTS / "go"
 
 
-async def typescript(url: str, scenario: str, args: argparse.Namespace) -> Figures:
+async def run_client(
+    name: str, argv: list[str], url: str, scenario: str, args: argparse.Namespace
+) -> Figures:
+    """Run one client's bench program (``argv`` + JSON options); its figures."""
     options = {
         "url": url,
+        "address": url.removeprefix("http://"),
         "secret": SECRET,
         "scenario": scenario,
         "queues": args.queues,
@@ -49,34 +56,59 @@ async def typescript(url: str, scenario: str, args: argparse.Namespace) -> Figur
         "size": args.size,
         "prefetch": args.prefetch,
         "rate": args.rate,
-        "tag": f"ts-{scenario}",
+        "tag": f"{name}-{scenario}",
     }
     process = await asyncio.create_subprocess_exec(
-        "node", str(TYPESCRIPT / "dist" / "bench" / "flood.js"), json.dumps(options),
-        stdout=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+        *argv, json.dumps(options), stdout=asyncio.subprocess.PIPE
+    )
     out, _ = await process.communicate()
     if process.returncode != 0:
-        raise RuntimeError(f"the TypeScript bench failed ({process.returncode})")
+        raise RuntimeError(f"the {name} bench failed ({process.returncode})")
     figures = json.loads(out.decode().strip().splitlines()[-1])
-    label = "typescript flood" if scenario == "flood" else f"typescript {args.rate:,.0f} msg/s"
+    label = f"{name} flood" if scenario == "flood" else f"{name} {args.rate:,.0f} msg/s"
     if figures.get("failed"):
-        print(f"{label}: {figures['failed']:,} pushes failed (the gateway was saturated)")
+        print(f"{label}: {figures['failed']:,.0f} pushes failed (the gateway was saturated)")
     return Figures(
         label,
         figures["seconds"],
-        pushed=figures["pushed"],
-        consumed=figures["consumed"],
+        pushed=int(figures["pushed"]),
+        consumed=int(figures["consumed"]),
         p50_ms=figures["p50_ms"],
         p99_ms=figures["p99_ms"],
     )
 
 
+async def build_clients(directory: Path) -> dict[str, list[str]]:
+    """Build the TypeScript (npm run build) and Go (GOPATH mode, Debian's packages) bench
+    programs; the command line of each."""
+    await run(["npm", "run", "--silent", "build"], cwd=TYPESCRIPT)
+    gopath = directory / "gopath"
+    (gopath / "src" / "busmq.dev").mkdir(parents=True)
+    (gopath / "src" / "busmq.dev" / "go").symlink_to(GO)
+    env = {
+        **os.environ,
+        "GO111MODULE": "off",
+        "GOPATH": f"{gopath}:/usr/share/gocode",
+        "GOFLAGS": "",
+        "GOCACHE": str(directory / "gocache"),
+    }
+    binary = directory / "go-flood"
+    await run(["go", "build", "-o", str(binary), "busmq.dev/go/cmd/flood"], cwd=gopath, env=env)
+    return {
+        "typescript": ["node", str(TYPESCRIPT / "dist" / "bench" / "flood.js")],
+        "go": [str(binary)],
+    }
+
+
+async def run(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> None:
+    process = await asyncio.create_subprocess_exec(*argv, cwd=cwd, env=env)
+    if await process.wait() != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed in {cwd}")
+
+
 async def main(args: argparse.Namespace) -> None:
-    build = await asyncio.create_subprocess_exec("npm", "run", "--silent", "build", cwd=TYPESCRIPT)
-    if await build.wait() != 0:
-        raise RuntimeError("npm run build failed in clients/typescript")
     with local_redis() as redis_a, local_redis() as redis_b, tempfile.TemporaryDirectory() as tmp:
+        clients = await build_clients(Path(tmp))
         gateway, port = await start_gateway(redis_a.url)
         url = f"http://127.0.0.1:{port}"
         bus_b = Bus(BusSettings(redis_urls=(redis_b.url,)))
@@ -90,26 +122,23 @@ async def main(args: argparse.Namespace) -> None:
             def remote(name: str) -> AnyQueue:
                 return bus_b.federate(name, url)
 
-            rows = [
-                await flood(remote, "python (federated) flood", args),
-                await typescript(url, "flood", args),
-                await fixed_rate(
-                    remote, f"python (federated) {args.rate:,.0f} msg/s", args, args.rate
-                ),
-                await typescript(url, "rate", args),
-            ]
+            floods = [await flood(remote, "python (federated) flood", args)]
+            rates = [await fixed_rate(remote, f"python {args.rate:,.0f} msg/s", args, args.rate)]
+            for name, argv in clients.items():
+                floods.append(await run_client(name, argv, url, "flood", args))
+                rates.append(await run_client(name, argv, url, "rate", args))
         finally:
             await bus_b.close()
             gateway.send_signal(signal.SIGTERM)
             await gateway.wait()
-    report(rows)
-    python_flood, ts_flood, python_rate, ts_rate = rows
-    ratio = ts_flood.consumed_per_s / python_flood.consumed_per_s
-    print(f"\ntypescript / python flood (consumed/s): {ratio:.2f}")
-    print(
-        f"p99 at {args.rate:,.0f} msg/s: python {python_rate.p99_ms:.2f} ms, "
-        f"typescript {ts_rate.p99_ms:.2f} ms"
-    )
+    report(floods + rates)
+    python_flood = floods[0]
+    print()
+    for row in floods[1:]:
+        ratio = row.consumed_per_s / python_flood.consumed_per_s
+        print(f"{row.label} / python flood (consumed/s): {ratio:.2f}")
+    for row in rates:
+        print(f"p99 of {row.label}: {row.p99_ms:.2f} ms")
 
 
 def parse() -> argparse.Namespace:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Generate the code for proto/ (committed): Python into core/busmq/v1, TypeScript into
-# clients/typescript/src/gen (with clients/typescript/node_modules installed: npm ci).
+# clients/typescript/src/gen (with clients/typescript/node_modules installed: npm ci),
+# Go into clients/go/gen (with Debian's protoc-gen-go and protoc-gen-go-grpc).
 # With --check, fail if the committed code is stale.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,18 +25,21 @@ if [ "${1:-}" = "--check" ]; then
   echo "generated code is fresh"
 fi
 
-# TypeScript (connect-es): buf with the protoc-gen-es plugin the package pins.
-ts=clients/typescript
-if [ "${1:-}" = "--check" ]; then
-  ts_out=$(mktemp -d)
-  (cd "$ts" && ../../.venv/bin/buf generate -o "$ts_out")
-  if ! diff -r "$ts/src/gen" "$ts_out/src/gen" >/dev/null; then
-    rm -rf "$ts_out"
-    echo "generated code is stale: $ts/src/gen (run scripts/gen_proto.sh)" >&2
-    exit 1
+# TypeScript (connect-es) and Go: buf with each client's buf.gen.yaml.
+for client in clients/typescript clients/go; do
+  if [ "${1:-}" = "--check" ]; then
+    fresh=$(mktemp -d)
+    (cd "$client" && ../../.venv/bin/buf generate -o "$fresh")
+    gen=gen
+    [ -d "$client/src/gen" ] && gen=src/gen
+    if ! diff -r "$client/$gen" "$fresh/$gen" >/dev/null; then
+      rm -rf "$fresh"
+      echo "generated code is stale: $client/$gen (run scripts/gen_proto.sh)" >&2
+      exit 1
+    fi
+    rm -rf "$fresh"
+    echo "generated code of $client is fresh"
+  else
+    (cd "$client" && ../../.venv/bin/buf generate)
   fi
-  rm -rf "$ts_out"
-  echo "generated TypeScript is fresh"
-else
-  (cd "$ts" && ../../.venv/bin/buf generate)
-fi
+done

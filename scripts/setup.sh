@@ -9,7 +9,8 @@
 #                             (redis-server, which also runs Sentinels) if `redis-server`
 #                             is missing (the Sentinel tests need a real deployment),
 #                             openssl (the README's TLS recipe is tested), Node.js 18.14+
-#                             and npm (the TypeScript client), and the client's npm packages
+#                             and npm (the TypeScript client) and its npm packages, and
+#                             Debian's Go toolchain, grpc-go and protoc plugins (the Go client)
 # Safe to run again: it only installs what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +25,12 @@ if $dev && ! command -v openssl >/dev/null 2>&1; then need_apt+=(openssl); fi
 node_ok() { command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 \
   && node -e 'const [a, b] = process.versions.node.split(".").map(Number); process.exit(a > 18 || (a === 18 && b >= 14) ? 0 : 1)'; }
 if $dev && ! node_ok; then need_apt+=(nodejs npm); fi
+# The Go client: Debian's Go toolchain, grpc-go and the two protoc plugins (no module proxy).
+if $dev && ! { command -v go && command -v protoc-gen-go && command -v protoc-gen-go-grpc \
+  && [ -d /usr/share/gocode/src/google.golang.org/genproto/googleapis/rpc/errdetails ]; } >/dev/null 2>&1; then
+  need_apt+=(golang-go golang-google-grpc-dev golang-google-protobuf-dev
+    golang-github-golang-protobuf-1-5-dev golang-google-genproto-dev protoc-gen-go protoc-gen-go-grpc)
+fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""
   [ "$(id -u)" -eq 0 ] || SUDO="sudo"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up (scripts/setup.sh), then run every check and the whole test suite:
 # ruff, mypy --strict, buf lint/format/breaking, generated-code freshness, hadolint,
-# pytest, and the TypeScript client's suite. Extra arguments go to pytest (and skip the
+# pytest, and the TypeScript and Go clients' suites. Extra arguments go to pytest (and skip the
 # client suite), e.g. scripts/test.sh -k queue -x
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +25,8 @@ $BIN/hadolint Dockerfile
 if [ $# -eq 0 ]; then
   echo "==> TypeScript client (tsc, node --test against a live gateway)"
   (cd clients/typescript && npm test --silent)
+  echo "==> Go client (gofmt, go vet, go test against a live gateway)"
+  bash clients/go/test.sh
 fi
 echo "==> pytest"
 $BIN/pytest "$@"

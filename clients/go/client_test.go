@@ -1,0 +1,277 @@
+package busmq
+
+// The client against a real gateway process and its redis-server, on free loopback
+// ports below the ephemeral range, with a fresh directory and a random secret.
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	mathrand "math/rand"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	pb "busmq.dev/go/gen/busmq/v1"
+)
+
+type deployment struct {
+	t                      *testing.T
+	dir, secret            string
+	redisPort, gatewayPort int
+	redis, gateway         *exec.Cmd
+}
+
+func freePort(t *testing.T) int {
+	for i := 0; i < 1000; i++ {
+		port := 10000 + mathrand.Intn(22000) // below the ephemeral range
+		listener, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err == nil {
+			listener.Close()
+			return port
+		}
+	}
+	t.Fatal("no free port")
+	return 0
+}
+
+func start(t *testing.T) *deployment {
+	raw := make([]byte, 24)
+	if _, err := rand.Read(raw); err != nil {
+		t.Fatal(err)
+	}
+	d := &deployment{t: t, dir: t.TempDir(), secret: hex.EncodeToString(raw)}
+	d.redisPort = freePort(t)
+	d.redis = exec.Command("redis-server", "--port", fmt.Sprint(d.redisPort), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", d.dir)
+	waitFor(t, d.redis, "Ready to accept connections")
+	d.gatewayPort = freePort(t)
+	d.startGateway()
+	t.Cleanup(func() {
+		stop(d.gateway, syscall.SIGTERM)
+		stop(d.redis, syscall.SIGTERM)
+	})
+	return d
+}
+
+func (d *deployment) address() string { return fmt.Sprintf("127.0.0.1:%d", d.gatewayPort) }
+
+func (d *deployment) startGateway() {
+	gateway := os.Getenv("BUSMQ_GATEWAY_BIN")
+	if gateway == "" {
+		root, _ := filepath.Abs(filepath.Join("..", ".."))
+		gateway = filepath.Join(root, ".venv", "bin", "busmq-gateway")
+	}
+	d.gateway = exec.Command(gateway, "--listen", d.address(),
+		"--redis-url", fmt.Sprintf("redis://127.0.0.1:%d", d.redisPort),
+		"--secret", d.secret, "--log-format", "text", "--grace-seconds", "2")
+	d.gateway.Env = append(os.Environ(), "BUSMQ_LEASE_SECONDS=3")
+	waitFor(d.t, d.gateway, "busmq gateway ready")
+}
+
+func waitFor(t *testing.T, cmd *exec.Cmd, text string) {
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ready := make(chan struct{})
+	go func() {
+		scanner := bufio.NewScanner(out)
+		seen := false
+		for scanner.Scan() {
+			if !seen && strings.Contains(scanner.Text(), text) {
+				seen = true
+				close(ready)
+			}
+		}
+		io.Copy(io.Discard, out)
+	}()
+	select {
+	case <-ready:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("no %q from %s", text, cmd.Path)
+	}
+}
+
+func stop(cmd *exec.Cmd, signal syscall.Signal) {
+	if cmd == nil || cmd.Process == nil || cmd.ProcessState != nil {
+		return
+	}
+	cmd.Process.Signal(signal)
+	cmd.Wait()
+}
+
+func dial(t *testing.T, d *deployment, secret string) *Client {
+	client, err := Dial(context.Background(), Options{Address: d.address(), Secret: secret, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	return client
+}
+
+func TestTenThousandPushedInBatchesAreConsumedAtLeastOnceInOrder(t *testing.T) {
+	d := start(t)
+	client := dial(t, d, d.secret)
+	ctx := context.Background()
+	orders := client.Queue("go-orders")
+	if created, err := orders.Attach(ctx, 0); err != nil || !created {
+		t.Fatalf("attach: %v %v", created, err)
+	}
+	var pushed []uint64
+	for start := 0; start < 10000; start += 500 {
+		batch := make([]Message, 500)
+		for i := range batch {
+			batch[i] = Text(fmt.Sprint(start + i))
+		}
+		ids, err := orders.PushBatch(ctx, batch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pushed = append(pushed, ids...)
+	}
+	consumer := orders.Consume(ctx, ConsumeOptions{Mode: pb.ConsumeMode_CONSUME_MODE_AT_LEAST_ONCE, Max: 10000, Prefetch: 500})
+	var seen []uint64
+	var acks sync.WaitGroup
+	failed := make(chan error, 10000)
+	for delivery := range consumer.Deliveries() {
+		if string(delivery.Payload) != fmt.Sprint(delivery.ID-1) {
+			t.Fatalf("delivery %d carries %q", delivery.ID, delivery.Payload)
+		}
+		seen = append(seen, delivery.ID)
+		acks.Add(1)
+		go func(d Delivery) { // acks waiting together go in one call
+			defer acks.Done()
+			if err := d.Ack(ctx); err != nil {
+				failed <- err
+			}
+		}(delivery)
+	}
+	acks.Wait()
+	close(failed)
+	for err := range failed {
+		t.Fatal(err)
+	}
+	if consumer.Err() != nil || len(seen) != len(pushed) {
+		t.Fatalf("%d of %d seen, err %v", len(seen), len(pushed), consumer.Err())
+	}
+	for i := range seen {
+		if seen[i] != pushed[i] {
+			t.Fatalf("out of order at %d: %d != %d", i, seen[i], pushed[i])
+		}
+	}
+	if info, err := orders.Info(ctx); err != nil || info.Count != 0 {
+		t.Fatalf("count %d, err %v", info.Count, err)
+	}
+	if err := orders.Detach(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestReplayFromAnIdWithMax(t *testing.T) {
+	d := start(t)
+	client := dial(t, d, d.secret)
+	ctx := context.Background()
+	log := client.Queue("go-log")
+	if _, err := log.Attach(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := log.PushBatch(ctx, []Message{Text("one"), Text("two"), Text("three"), Text("four")}); err != nil {
+		t.Fatal(err)
+	}
+	consumer := log.Consume(ctx, ConsumeOptions{Mode: pb.ConsumeMode_CONSUME_MODE_REPLAY, FromID: 2, Max: 2})
+	var read []string
+	for delivery := range consumer.Deliveries() {
+		read = append(read, fmt.Sprintf("%d:%s", delivery.ID, delivery.Payload))
+	}
+	if strings.Join(read, ",") != "2:two,3:three" {
+		t.Fatalf("read %v", read)
+	}
+}
+
+func TestErrorsAreTypedFromTheStatusAndErrorInfo(t *testing.T) {
+	d := start(t)
+	ctx := context.Background()
+	wrong := dial(t, d, "not-the-secret-at-all")
+	if _, err := wrong.Queue("go-x").Attach(ctx, 0); !errors.Is(err, ErrUnauthenticated) {
+		t.Fatalf("wrong secret: %v", err)
+	}
+	client := dial(t, d, d.secret)
+	var busError *Error
+	if _, err := client.Queue("bad name").Attach(ctx, 0); !errors.Is(err, ErrInvalidName) || !errors.As(err, &busError) || busError.Metadata["name"] != "bad name" {
+		t.Fatalf("bad name: %v", err)
+	}
+	big := client.Queue("go-big")
+	if _, err := big.Attach(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	_, err := big.Push(ctx, Message{Payload: make([]byte, 2*1024*1024)})
+	if !errors.Is(err, ErrMessageTooLarge) || !errors.As(err, &busError) {
+		t.Fatalf("oversize: %v", err)
+	}
+	if limit, ok := busError.Int("limit"); !ok || limit != 1024*1024 {
+		t.Fatalf("limit %d %v", limit, ok)
+	}
+	if _, err := Dial(ctx, Options{Address: "10.0.0.7:8443"}); err == nil || !strings.Contains(err.Error(), "refusing plaintext") {
+		t.Fatalf("plaintext off loopback: %v", err)
+	}
+}
+
+func TestAConsumerResumesAfterTheGatewayIsKilledAndNothingAckedIsLost(t *testing.T) {
+	d := start(t)
+	client := dial(t, d, d.secret)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	jobs := client.Queue("go-jobs")
+	if _, err := jobs.Attach(ctx, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	batch := make([]Message, 2000)
+	for i := range batch {
+		batch[i] = Text(fmt.Sprint(i))
+	}
+	ids, err := jobs.PushBatch(ctx, batch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	consumer := jobs.Consume(ctx, ConsumeOptions{
+		Mode: pb.ConsumeMode_CONSUME_MODE_AT_LEAST_ONCE, Prefetch: 50, VisibilityTimeout: 2 * time.Second,
+	})
+	acked := map[uint64]bool{}
+	redelivered := 0
+	crashed := false
+	for delivery := range consumer.Deliveries() {
+		if delivery.DeliveryCount > 1 {
+			redelivered++
+		}
+		if !crashed && len(acked) == 500 {
+			crashed = true
+			stop(d.gateway, syscall.SIGKILL) // this delivery and the prefetched ones stay unacked
+			d.startGateway()
+			continue
+		}
+		for delivery.Ack(ctx) != nil { // an ack may meet the crash: send it again
+			time.Sleep(100 * time.Millisecond)
+		}
+		acked[delivery.ID] = true
+		if len(acked) == len(ids) {
+			consumer.Stop()
+		}
+	}
+	if len(acked) != len(ids) || consumer.Resumes < 1 || redelivered < 1 {
+		t.Fatalf("acked %d of %d, resumes %d, redelivered %d, err %v", len(acked), len(ids), consumer.Resumes, redelivered, consumer.Err())
+	}
+}

@@ -1,0 +1,188 @@
+package busmq
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"sync"
+	"time"
+
+	pb "busmq.dev/go/gen/busmq/v1"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// Queue is queue Name on the gateway. Attach creates it and keeps it alive until Detach.
+type Queue struct {
+	client *Client
+	Name   string
+
+	mu           sync.Mutex
+	attachmentID string
+	stopRenewal  context.CancelFunc
+}
+
+// Queue returns a handle on queue name.
+func (c *Client) Queue(name string) *Queue {
+	return &Queue{client: c, Name: name}
+}
+
+// Attach attaches (creating the queue if needed) and renews the lease in the background
+// every third of its duration until Detach; returns whether this attach created it.
+func (q *Queue) Attach(ctx context.Context, ttl time.Duration) (bool, error) {
+	request := &pb.AttachQueueRequest{Queue: q.Name}
+	if ttl > 0 {
+		request.Ttl = durationpb.New(ttl)
+	}
+	var reply *pb.AttachQueueResponse
+	err := q.client.unary(ctx, func(ctx context.Context) (err error) {
+		reply, err = q.client.Queues.AttachQueue(ctx, request)
+		return err
+	})
+	if err != nil {
+		return false, err
+	}
+	lease := reply.LeaseDuration.AsDuration()
+	if lease <= 0 {
+		lease = 30 * time.Second
+	}
+	renewCtx, stop := context.WithCancel(context.Background())
+	q.mu.Lock()
+	if q.stopRenewal != nil {
+		q.stopRenewal()
+	}
+	q.attachmentID, q.stopRenewal = reply.AttachmentId, stop
+	q.mu.Unlock()
+	go q.renew(renewCtx, reply.AttachmentId, lease, ttl)
+	return reply.Created, nil
+}
+
+func (q *Queue) renew(ctx context.Context, attachmentID string, lease, ttl time.Duration) {
+	delay := lease / 3
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(delay):
+		}
+		err := q.client.unary(ctx, func(ctx context.Context) error {
+			_, err := q.client.Queues.RenewAttachment(ctx, &pb.RenewAttachmentRequest{AttachmentId: attachmentID})
+			return err
+		})
+		switch {
+		case err == nil:
+			delay = lease / 3
+		case ctx.Err() != nil:
+			return
+		case errors.Is(err, &Error{Reason: "ATTACHMENT_NOT_FOUND"}):
+			// The lease lapsed (the gateway was away longer than it): attach again.
+			if _, err := q.Attach(context.Background(), ttl); err == nil {
+				return // Attach started a new renewal
+			}
+			delay = time.Second
+		default:
+			delay = lease / 6 // retry soon
+		}
+	}
+}
+
+// Detach releases the attachment: the queue expires its ttl after its last one.
+func (q *Queue) Detach(ctx context.Context) error {
+	q.mu.Lock()
+	attachmentID, stop := q.attachmentID, q.stopRenewal
+	q.attachmentID, q.stopRenewal = "", nil
+	q.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
+	if attachmentID == "" {
+		return nil
+	}
+	return q.client.unary(ctx, func(ctx context.Context) error {
+		_, err := q.client.Queues.DetachQueue(ctx, &pb.DetachQueueRequest{AttachmentId: attachmentID})
+		return err
+	})
+}
+
+// Message is one message to push.
+type Message struct {
+	Payload []byte
+	// Kind says how consumers read the payload (default bytes).
+	Kind    pb.PayloadKind
+	Headers map[string]string
+}
+
+// Text is a text message.
+func Text(text string) Message {
+	return Message{Payload: []byte(text), Kind: pb.PayloadKind_PAYLOAD_KIND_TEXT}
+}
+
+// PushBatch pushes messages atomically and in order and returns their ids. It carries a
+// generated request id and is retried with it while the gateway is unavailable (until
+// ctx ends), so it is stored once.
+func (q *Queue) PushBatch(ctx context.Context, messages []Message) ([]uint64, error) {
+	request := &pb.PushRequest{Queue: q.Name, RequestId: newRequestID()}
+	for _, m := range messages {
+		request.Messages = append(request.Messages, &pb.OutgoingMessage{Payload: m.Payload, Kind: m.Kind, Headers: m.Headers})
+	}
+	backoff := 50 * time.Millisecond
+	for {
+		var reply *pb.PushResponse
+		err := q.client.unary(ctx, func(ctx context.Context) (err error) {
+			reply, err = q.client.Queues.Push(ctx, request)
+			return err
+		})
+		if err == nil {
+			return reply.Ids, nil
+		}
+		var busError *Error
+		if !errors.As(err, &busError) || !busError.Retryable() {
+			return nil, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(backoff):
+		}
+		if backoff < time.Second {
+			backoff *= 2
+		}
+	}
+}
+
+// Push pushes one message and returns its id.
+func (q *Queue) Push(ctx context.Context, message Message) (uint64, error) {
+	ids, err := q.PushBatch(ctx, []Message{message})
+	if err != nil {
+		return 0, err
+	}
+	return ids[0], nil
+}
+
+// Info is a queue's counters.
+type Info struct {
+	Count, LastID uint64
+	TTL           time.Duration
+	Metadata      map[string]string
+}
+
+// Info returns the queue's counters, ttl and metadata.
+func (q *Queue) Info(ctx context.Context) (Info, error) {
+	var reply *pb.GetQueueResponse
+	err := q.client.unary(ctx, func(ctx context.Context) (err error) {
+		reply, err = q.client.Queues.GetQueue(ctx, &pb.GetQueueRequest{Queue: q.Name})
+		return err
+	})
+	if err != nil {
+		return Info{}, err
+	}
+	return Info{Count: reply.Count, LastID: reply.LastId, TTL: reply.Ttl.AsDuration(), Metadata: reply.Metadata}, nil
+}
+
+func newRequestID() string {
+	raw := make([]byte, 16)
+	if _, err := rand.Read(raw); err != nil {
+		panic(err) // the system's randomness is gone: nothing sensible to do
+	}
+	return hex.EncodeToString(raw)
+}
