@@ -10,6 +10,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"net"
+	"sync/atomic"
 	"time"
 
 	pb "busmq.dev/go/gen/busmq/v1"
@@ -39,6 +40,7 @@ type Client struct {
 	timeout time.Duration
 	// Queues is the generated QueueService client, for calls the helpers do not cover.
 	Queues pb.QueueServiceClient
+	pushes *pushCoalescer
 }
 
 // Dial connects to the gateway (lazily: the first call opens the connection).
@@ -69,12 +71,20 @@ func Dial(ctx context.Context, options Options) (*Client, error) {
 	if timeout == 0 {
 		timeout = 10 * time.Second
 	}
-	return &Client{conn: conn, timeout: timeout, Queues: pb.NewQueueServiceClient(conn)}, nil
+	client := &Client{conn: conn, timeout: timeout, Queues: pb.NewQueueServiceClient(conn)}
+	client.pushes = &pushCoalescer{client: client}
+	return client, nil
 }
 
 // Close closes the connection (release queues with Detach first).
 func (c *Client) Close() error {
 	return c.conn.Close()
+}
+
+// PushCalls counts the push calls made (Push or PushMany): pushes made while one is under
+// way share the next.
+func (c *Client) PushCalls() int64 {
+	return atomic.LoadInt64(&c.pushes.calls)
 }
 
 // unary runs one call with the client's deadline, translating its error.

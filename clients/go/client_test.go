@@ -275,3 +275,53 @@ func TestAConsumerResumesAfterTheGatewayIsKilledAndNothingAckedIsLost(t *testing
 		t.Fatalf("acked %d of %d, resumes %d, redelivered %d, err %v", len(acked), len(ids), consumer.Resumes, redelivered, consumer.Err())
 	}
 }
+
+func TestPushesMadeWhileACallIsUnderWayShareTheNextAndFailAlone(t *testing.T) {
+	d := start(t)
+	client := dial(t, d, d.secret)
+	ctx := context.Background()
+	queue := client.Queue("go-coalesced")
+	if _, err := queue.Attach(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	calls := client.PushCalls()
+	const pushes = 50
+	results := make([]error, pushes)
+	var wg sync.WaitGroup
+	for i := 0; i < pushes; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			switch i {
+			case 10:
+				_, results[i] = client.Queue("go-not-attached").Push(ctx, Text("refused"))
+			case 20:
+				_, results[i] = queue.Push(ctx, Message{Payload: make([]byte, 2*1024*1024)})
+			default:
+				_, results[i] = queue.Push(ctx, Text(fmt.Sprint(i)))
+			}
+		}(i)
+	}
+	wg.Wait()
+	if made := client.PushCalls() - calls; made >= pushes/2 {
+		t.Fatalf("%d calls for %d concurrent pushes", made, pushes)
+	}
+	var busError *Error
+	if !errors.Is(results[10], ErrQueueNotFound) {
+		t.Fatalf("push to a missing queue: %v", results[10])
+	}
+	if !errors.As(results[20], &busError) || !errors.Is(results[20], ErrMessageTooLarge) {
+		t.Fatalf("oversize: %v", results[20])
+	}
+	if limit, ok := busError.Int("limit"); !ok || limit != 1024*1024 {
+		t.Fatalf("limit from the outcome's ErrorInfo: %d %v", limit, ok)
+	}
+	for i, err := range results {
+		if i != 10 && i != 20 && err != nil {
+			t.Fatalf("push %d: %v", i, err)
+		}
+	}
+	if info, err := queue.Info(ctx); err != nil || info.Count != pushes-2 {
+		t.Fatalf("count %d, err %v", info.Count, err)
+	}
+}

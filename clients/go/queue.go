@@ -119,7 +119,8 @@ func Text(text string) Message {
 
 // PushBatch pushes messages atomically and in order and returns their ids. It carries a
 // generated request id and is retried with it while the gateway is unavailable (until
-// ctx ends), so it is stored once.
+// ctx ends), so it is stored once. Pushes made while a push call is under way go
+// together in the next call (PushMany), each answered on its own.
 func (q *Queue) PushBatch(ctx context.Context, messages []Message) ([]uint64, error) {
 	request := &pb.PushRequest{Queue: q.Name, RequestId: newRequestID()}
 	for _, m := range messages {
@@ -127,13 +128,9 @@ func (q *Queue) PushBatch(ctx context.Context, messages []Message) ([]uint64, er
 	}
 	backoff := 50 * time.Millisecond
 	for {
-		var reply *pb.PushResponse
-		err := q.client.unary(ctx, func(ctx context.Context) (err error) {
-			reply, err = q.client.Queues.Push(ctx, request)
-			return err
-		})
+		ids, err := q.client.pushes.push(ctx, request)
 		if err == nil {
-			return reply.Ids, nil
+			return ids, nil
 		}
 		var busError *Error
 		if !errors.As(err, &busError) || !busError.Retryable() {
