@@ -54,13 +54,14 @@ func start(t *testing.T) *deployment {
 	d.redisPort = freePort(t)
 	d.redis = exec.Command("redis-server", "--port", fmt.Sprint(d.redisPort), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", d.dir)
-	waitFor(t, d.redis, "Ready to accept connections")
-	d.gatewayPort = freePort(t)
-	d.startGateway()
+	// Registered before anything can fail, so a server that started is always stopped.
 	t.Cleanup(func() {
 		stop(d.gateway, syscall.SIGTERM)
 		stop(d.redis, syscall.SIGTERM)
 	})
+	waitFor(t, d.redis, "Ready to accept connections")
+	d.gatewayPort = freePort(t)
+	d.startGateway()
 	return d
 }
 

@@ -47,16 +47,21 @@ export class Deployment {
   }
 
   async start(): Promise<this> {
-    this.redisPort = await freePort();
-    this.redis = spawn(
-      "redis-server",
-      ["--port", String(this.redisPort), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", this.dir],
-      { stdio: ["ignore", "pipe", "inherit"] },
-    );
-    await waitForLine(this.redis, "Ready to accept connections");
-    this.gatewayPort = await freePort();
-    await this.startGateway();
-    return this;
+    try {
+      this.redisPort = await freePort();
+      this.redis = spawn(
+        "redis-server",
+        ["--port", String(this.redisPort), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", this.dir],
+        { stdio: ["ignore", "pipe", "inherit"] },
+      );
+      await waitForLine(this.redis, "Ready to accept connections");
+      this.gatewayPort = await freePort();
+      await this.startGateway();
+      return this;
+    } catch (error) {
+      await this.stop(); // a server that started is stopped even if the rest failed
+      throw error;
+    }
   }
 
   /** Start (or restart) the gateway on the same port. */
