@@ -49,7 +49,6 @@ async def bus(tmp_path: Path) -> AsyncIterator[Bus]:
     """A connected bus on a Redis of its own."""
     async with RedisServer(tmp_path / "redis") as server, Bus(redis_urls=(server.url,)) as b:
         yield b
-    await server.stop()
 
 
 @pytest.fixture
