@@ -30,6 +30,19 @@ type deployment struct {
 	dir, secret            string
 	redisPort, gatewayPort int
 	redis, gateway         *exec.Cmd
+	// mutualTLS makes the gateway serve TLS with dir's certificates (makePKI) and require
+	// client certificates its CA signed.
+	mutualTLS bool
+}
+
+// repoRoot is the repository root: the tests run in clients/go, reached through a
+// symlink in GOPATH mode (test.sh), so the link is resolved first.
+func repoRoot() string {
+	cwd, _ := os.Getwd()
+	if real, err := filepath.EvalSymlinks(cwd); err == nil {
+		cwd = real
+	}
+	return filepath.Join(cwd, "..", "..")
 }
 
 func freePort(t *testing.T) int {
@@ -46,11 +59,16 @@ func freePort(t *testing.T) int {
 }
 
 func start(t *testing.T) *deployment {
+	return startWith(t, func(*deployment) {})
+}
+
+func startWith(t *testing.T, configure func(*deployment)) *deployment {
 	raw := make([]byte, 24)
 	if _, err := rand.Read(raw); err != nil {
 		t.Fatal(err)
 	}
 	d := &deployment{t: t, dir: t.TempDir(), secret: hex.EncodeToString(raw)}
+	configure(d)
 	d.redisPort = freePort(t)
 	d.redis = exec.Command("redis-server", "--port", fmt.Sprint(d.redisPort), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", d.dir)
@@ -70,12 +88,16 @@ func (d *deployment) address() string { return fmt.Sprintf("127.0.0.1:%d", d.gat
 func (d *deployment) startGateway() {
 	gateway := os.Getenv("BUSMQ_GATEWAY_BIN")
 	if gateway == "" {
-		root, _ := filepath.Abs(filepath.Join("..", ".."))
-		gateway = filepath.Join(root, ".venv", "bin", "busmq-gateway")
+		gateway = filepath.Join(repoRoot(), ".venv", "bin", "busmq-gateway")
 	}
-	d.gateway = exec.Command(gateway, "--listen", d.address(),
+	args := []string{"--listen", d.address(),
 		"--redis-url", fmt.Sprintf("redis://127.0.0.1:%d", d.redisPort),
-		"--secret", d.secret, "--log-format", "text", "--grace-seconds", "2")
+		"--secret", d.secret, "--log-format", "text", "--grace-seconds", "2"}
+	if d.mutualTLS {
+		args = append(args, "--tls-cert", filepath.Join(d.dir, "server.crt"),
+			"--tls-key", filepath.Join(d.dir, "server.key"), "--tls-client-ca", filepath.Join(d.dir, "ca.crt"))
+	}
+	d.gateway = exec.Command(gateway, args...)
 	d.gateway.Env = append(os.Environ(), "BUSMQ_LEASE_SECONDS=3")
 	waitFor(d.t, d.gateway, "busmq gateway ready")
 }

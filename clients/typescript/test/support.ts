@@ -1,9 +1,9 @@
 // Real servers for the client's tests: a redis-server and a busmq-gateway process on free
 // loopback ports, with a fresh directory and a random secret; stopped by PID.
 
-import { type ChildProcess, spawn } from "node:child_process";
+import { type ChildProcess, execFileSync, spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { mkdtempSync, rmSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
@@ -33,17 +33,40 @@ export async function freePort(): Promise<number> {
   }
 }
 
+/** PEM files of a throwaway CA, a server certificate for 127.0.0.1 and a client certificate
+ * (made by tests/support/certs.py). */
+export interface Pki {
+  dir: string;
+  ca: Buffer;
+  clientCert: Buffer;
+  clientKey: Buffer;
+}
+
+export function makePki(dir: string): Pki {
+  execFileSync(PYTHON, ["-c", "import sys, pathlib; from tests.support.certs import make_pki; make_pki(pathlib.Path(sys.argv[1]))", dir], { cwd: ROOT });
+  const read = (name: string) => readFileSync(join(dir, name));
+  return { dir, ca: read("ca.crt"), clientCert: read("client.crt"), clientKey: read("client.key") };
+}
+
 export class Deployment {
   readonly secret = randomBytes(24).toString("base64url");
   readonly dir = mkdtempSync(join(tmpdir(), "busmq-ts-"));
   redisPort = 0;
   gatewayPort = 0;
+  /** Set by `withMutualTls()`: the gateway then serves TLS and requires client certificates. */
+  pki: Pki | undefined;
   private redis: ChildProcess | undefined;
   private gateway: ChildProcess | undefined;
   private readonly helpers: ChildProcess[] = [];
 
   get url(): string {
-    return `http://127.0.0.1:${this.gatewayPort}`;
+    return `${this.pki ? "https" : "http"}://127.0.0.1:${this.gatewayPort}`;
+  }
+
+  /** Serve TLS with a throwaway CA and require client certificates it signed. */
+  withMutualTls(): this {
+    this.pki = makePki(this.dir);
+    return this;
   }
 
   async start(): Promise<this> {
@@ -74,6 +97,7 @@ export class Deployment {
         "--secret", this.secret,
         "--log-format", "text",
         "--grace-seconds", "2",
+        ...(this.pki ? ["--tls-cert", join(this.dir, "server.crt"), "--tls-key", join(this.dir, "server.key"), "--tls-client-ca", join(this.dir, "ca.crt")] : []),
         ...extra,
       ],
       { stdio: ["ignore", "pipe", "inherit"], env: { ...process.env, BUSMQ_LEASE_SECONDS: "3" } },
