@@ -15,6 +15,7 @@ from .bus import Bus, BusState
 from .channel import Channel
 from .channel_protocol import ChannelState
 from .consumer import LATEST, Consumer, Mode
+from .controls import QueueInfo, RateLimit, RetryPolicy
 from .durability import Durability
 from .embedded import EmbeddedRedis
 from .errors import (
@@ -79,10 +80,13 @@ __all__ = [
     "PushResult",
     "Queue",
     "QueueFullError",
+    "QueueInfo",
     "QueueNotFoundError",
+    "RateLimit",
     "Request",
     "RequestTimeoutError",
     "Retention",
+    "RetryPolicy",
     "Service",
     "ServiceError",
     "Subscription",

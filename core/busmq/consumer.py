@@ -6,12 +6,17 @@ them over through a one-slot buffer, so memory stays bounded by about two batche
 slow iteration slows the reads. Reads never block in Redis: when a queue is empty the
 reader waits for a wake-up from the shard's :class:`~busmq.notifier.Notifier`.
 
-- at-most-once: ``XREADGROUP ... NOACK``; the batch read is deleted in the same round
-  trip as the next read. Each message goes to one consumer and is gone.
-- at-least-once: ``XREADGROUP``; a delivery stays pending until acked. Every
-  ``claim_interval`` the consumer takes over deliveries that have been pending longer
-  than ``visibility_timeout`` (their consumer died or stalled), with a delivery count.
+- at-most-once: ``XREADGROUP ... NOACK`` in the read script, which deletes what it
+  read. Each message goes to one consumer and is gone.
+- at-least-once: ``XREADGROUP`` in the read script; a delivery stays pending until
+  acked. Every ``claim_interval`` the consumer takes over deliveries that have been
+  pending longer than ``visibility_timeout`` (their consumer died or stalled), with a
+  delivery count, or dead-letters them past ``max_deliveries``.
 - replay: ``XREAD`` from an id; nothing is removed, every reader sees every message.
+
+The read script of the destructive modes also applies the processing controls (pause,
+rate limits, due retries and delayed messages, expiry; see :mod:`busmq.controls`) and
+says how long until something is due, which bounds the consumer's idle wait.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import asyncio
 import enum
 import itertools
 import logging
+import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -27,17 +33,20 @@ from typing import TYPE_CHECKING, Any
 import redis.exceptions as rex
 
 from .acks import AckBatcher
+from .controls import RetryPolicy, Settlement
 from .errors import (
     BusClosedError,
     BusError,
     BusUnavailableError,
     ModeConflictError,
     QueueNotFoundError,
+    RedisCommandError,
+    UnknownMessageError,
 )
 from .events import Event
 from .keys import CONSUMER_GROUP
 from .message import Delivery, decode_entry, decode_raw, int_to_stream_id, stream_entries
-from .mux import Arg, Command, MuxClient
+from .mux import MuxClient
 
 if TYPE_CHECKING:
     from .queue import Queue
@@ -88,7 +97,15 @@ class Consumer:
         from_id: int,
         prefetch: int,
         visibility_timeout: float,
+        max_deliveries: int | None = None,
+        retry_policy: RetryPolicy | None = None,
     ) -> None:
+        if (max_deliveries is not None or retry_policy is not None) and (
+            mode is not Mode.AT_LEAST_ONCE
+        ):
+            raise ValueError("max_deliveries and retry_policy apply to at-least-once consumers")
+        if max_deliveries is not None and max_deliveries < 1:
+            raise ValueError(f"max_deliveries must be at least 1, got {max_deliveries}")
         if max is not None and max < 1:
             raise ValueError(f"max must be at least 1, got {max}")
         if prefetch < 1:
@@ -102,6 +119,8 @@ class Consumer:
         self.max = max
         self.prefetch = prefetch
         self.visibility_timeout = visibility_timeout
+        self.max_deliveries = max_deliveries
+        self.retry_policy = retry_policy
         self.name = f"{queue._bus.client_id}:{next(self._ids)}"
         self.delivered = 0
         self._from_id = from_id
@@ -117,8 +136,8 @@ class Consumer:
         self._not_reading = asyncio.Event()  # clear while a read is in flight
         self._not_reading.set()
         self._unbuffered: list[Delivery] = []  # read, not yet in the buffer
-        self._to_delete: list[bytes] = []  # at-most-once: read, to be deleted with the next read
         self._cursor = "0-0"  # replay: the last stream id read
+        self._due_in: float | None = None  # seconds until something is due (read script)
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -182,13 +201,10 @@ class Consumer:
                 await self.nack(leftovers)
             except BusError as exc:
                 log.warning("could not release %d deliveries: %s", len(leftovers), exc)
-        elif self.mode is Mode.AT_MOST_ONCE:
-            if leftovers:
-                self.queue.events.emit(
-                    Event("dropped", self.queue.name, details={"count": len(leftovers)})
-                )
-            if self._to_delete:
-                await self._delete_read(self._to_delete)
+        elif self.mode is Mode.AT_MOST_ONCE and leftovers:
+            self.queue.events.emit(
+                Event("dropped", self.queue.name, details={"count": len(leftovers)})
+            )
 
     async def __aenter__(self) -> Consumer:
         await self.start()
@@ -296,7 +312,43 @@ class Consumer:
         if ack:
             await self._acks.ack(message_id)
         else:
-            await self.nack([message_id])
+            await self._settle_other(message_id, Settlement())
+
+    async def _settle_other(self, message_id: int, settlement: Settlement) -> None:
+        """Retry (after the explicit delay, else the retry policy's, else at once) or
+        reject; past max_deliveries a retry dead-letters instead."""
+        if settlement.reject:
+            op, delay = "reject", "0"
+        elif settlement.delay > 0:
+            op, delay = "retry", str(int(settlement.delay * 1000))
+        elif self.retry_policy is not None:
+            policy = self.retry_policy
+            jitter = 1 - policy.jitter * random.random()
+            op = "retry"
+            delay = (
+                f"policy {int(policy.initial * 1000)} {policy.factor} "
+                f"{int(policy.max_delay * 1000)} {jitter}"
+            )
+        else:
+            op, delay = "retry", "0"
+        queue = self.queue
+        max_deliveries = "" if self.max_deliveries is None else str(self.max_deliveries)
+        error = settlement.error or ""
+        args: list[str | int] = [
+            op,
+            queue.name,
+            self.name,
+            delay,
+            max_deliveries,
+            error,
+            message_id,
+        ]
+        unknown = await queue._run(
+            lambda c: queue._bus.scripts.call(c, "settle", queue._keys.with_dead_letters(), args),
+            idempotent=False,
+        )
+        if unknown:
+            raise UnknownMessageError(queue.name, [int(u) for u in unknown])
 
     async def _flush_acks(self, ids: list[int]) -> list[int]:
         unknown: list[int] = await self.queue._ack_ids(ids)
@@ -336,10 +388,12 @@ class Consumer:
                     self._unbuffered = []
                 if len(batch) < count:
                     # Drained: wait for a wake-up rather than make the empty read that
-                    # would follow (a push during the read set ``wake`` already).
-                    await _wait(wake, self._idle_seconds, shard.notifier.tick)
-            if self._to_delete:  # the last at-most-once batch: nothing follows to carry it
-                await self._delete_read(self._to_delete)
+                    # would follow (a push during the read set ``wake`` already), or
+                    # until something the read script reported is due.
+                    idle = self._idle_seconds
+                    if self._due_in is not None:
+                        idle = min(idle, self._due_in)
+                    await _wait(wake, idle, shard.notifier.tick)
         except Exception as exc:
             end = _End(exc)
         finally:
@@ -382,89 +436,93 @@ class Consumer:
 
     async def _fetch(self, count: int) -> list[Delivery]:
         if self.mode is Mode.REPLAY:
-            reply = await self.queue._run_fast(lambda m: self._read(m, count), idempotent=True)
-        else:
-            reply = await self.queue._run_fast(
-                lambda m: self._read_group(m, count), idempotent=True
+            return await self._fetch_replay(count)
+        queue = self.queue
+        noack = "1" if self.mode is Mode.AT_MOST_ONCE else "0"
+        args: list[str | int] = [self.name, count, noack, queue.name]
+        keys = queue._keys.with_dead_letters()
+        try:
+            entries, retried, wait = await queue._run_fast(
+                lambda m: queue._bus.scripts.call(m, "read", keys, args), idempotent=True
             )
+        except RedisCommandError as exc:
+            if str(exc).startswith("NOGROUP"):  # the stream is gone: check, recreate
+                raise _GroupMissing from None
+            raise
+        self._due_in = None if int(wait) < 0 else int(wait) / 1000
+        settle: Callable[[int, bool], Awaitable[None]] | None = None
+        control: Callable[[int, Settlement], Awaitable[None]] | None = None
+        if self.mode is Mode.AT_LEAST_ONCE:
+            settle, control = self._settle, self._settle_other
+        deliveries = [
+            Delivery(decode_raw(eid, fields), int(times), settle, control)
+            for eid, fields, times in retried
+        ]
+        deliveries.extend(
+            Delivery(decode_raw(eid, fields), 1, settle, control) for eid, fields in entries
+        )
+        return deliveries
+
+    async def _fetch_replay(self, count: int) -> list[Delivery]:
+        reply, has_due = await self.queue._run_fast(lambda m: self._read(m, count), idempotent=True)
+        if has_due:  # delayed messages wait outside the stream: store those now due
+            queue = self.queue
+            wait = await queue._run_fast(
+                lambda m: queue._bus.scripts.call(m, "promote", queue._keys.all(), [count]),
+                idempotent=True,
+            )
+            self._due_in = None if int(wait) < 0 else int(wait) / 1000
+        else:
+            self._due_in = None
         entries = stream_entries(reply)
-        if self.mode is Mode.AT_MOST_ONCE:
-            self._to_delete = [entry[0] for entry in entries]
         if not entries:
             return []
-        if self.mode is Mode.REPLAY:
-            last = entries[-1][0]
-            self._cursor = last.decode() if isinstance(last, bytes) else last
-        settle = self._settle if self.mode is Mode.AT_LEAST_ONCE else None
-        return [Delivery(decode_raw(eid, fields), 1, settle) for eid, fields in entries]
+        last = entries[-1][0]
+        self._cursor = last.decode() if isinstance(last, bytes) else last
+        return [Delivery(decode_raw(eid, fields), 1, None) for eid, fields in entries]
 
-    async def _read(self, mux: MuxClient, count: int) -> Any:
-        """Replay: ``XREAD`` from the cursor."""
+    async def _read(self, mux: MuxClient, count: int) -> tuple[Any, bool]:
+        """Replay: ``XREAD`` from the cursor; also whether delayed messages wait."""
         keys = self.queue._keys
-        exists, entries = await mux.execute_many(
+        exists, entries, due = await mux.execute_many(
             [
                 (b"EXISTS", keys.info),
                 (b"XREAD", b"COUNT", count, b"STREAMS", keys.stream, self._cursor),
+                (b"EXISTS", keys.due),
             ]
         )
-        for result in (exists, entries):
+        for result in (exists, entries, due):
             if isinstance(result, rex.RedisError):
                 raise result
         if not exists:  # a missing stream reads as empty: notice a closed queue instead
             raise QueueNotFoundError(self.queue.name)
-        return entries
-
-    async def _read_group(self, mux: MuxClient, count: int) -> Any:
-        """Destructive modes: ``XREADGROUP``, after deleting what the last at-most-once
-        read returned (one round trip for both)."""
-        stream = self.queue._keys.stream
-        commands: list[Command] = []
-        if self.mode is Mode.AT_MOST_ONCE and self._to_delete:
-            commands.append((b"XDEL", stream, *self._to_delete))
-        read: tuple[Arg, ...] = (
-            b"XREADGROUP",
-            b"GROUP",
-            CONSUMER_GROUP,
-            self.name,
-            b"COUNT",
-            count,
-        )
-        if self.mode is Mode.AT_MOST_ONCE:
-            read += (b"NOACK",)
-        commands.append((*read, b"STREAMS", stream, b">"))
-        results = await mux.execute_many(commands)
-        for result in results:
-            if isinstance(result, rex.RedisError):
-                # The group is gone with its stream: check the queue, recreate it.
-                if str(result).startswith("NOGROUP"):
-                    raise _GroupMissing
-                raise result
-        return results[-1]
+        return entries, bool(due)
 
     async def _claim(self, count: int) -> list[Delivery]:
-        stream = self.queue._keys.stream
+        queue = self.queue
         min_idle = int(self.visibility_timeout * 1000)
-        flat: list[Any] = await self.queue._run_fast(
-            lambda c: self.queue._bus.scripts.call(
-                c, "claim", [stream], [self.name, min_idle, count, _FORGET_CONSUMER_MS]
-            ),
+        max_deliveries = "" if self.max_deliveries is None else str(self.max_deliveries)
+        args: list[str | int] = [
+            self.name,
+            min_idle,
+            count,
+            _FORGET_CONSUMER_MS,
+            max_deliveries,
+            queue.name,
+        ]
+        flat: list[Any] = await queue._run_fast(
+            lambda c: queue._bus.scripts.call(c, "claim", queue._keys.with_dead_letters(), args),
             idempotent=True,
         )
         deliveries = []
         for i in range(0, len(flat), 3):
             entry_id, times, raw = flat[i], int(flat[i + 1]), flat[i + 2]
             fields = dict(zip(raw[::2], raw[1::2], strict=True))
-            deliveries.append(Delivery(decode_entry(entry_id, fields), times, self._settle))
+            deliveries.append(
+                Delivery(decode_entry(entry_id, fields), times, self._settle, self._settle_other)
+            )
         deliveries.sort(key=lambda d: d.id)
         return deliveries
-
-    async def _delete_read(self, ids: list[bytes]) -> None:
-        stream = self.queue._keys.stream
-        try:
-            await self.queue._run_fast(lambda c: c.execute(b"XDEL", stream, *ids), idempotent=True)
-            self._to_delete = []
-        except BusError as exc:  # collected later by the lease renewal
-            log.debug("deferred delete of %d read messages: %s", len(ids), exc)
 
 
 async def handle_each(

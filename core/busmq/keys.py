@@ -36,21 +36,49 @@ def validate_name(name: str) -> str:
     return name
 
 
+DEAD_SUFFIX = ":dead"
+"""Queue ``<name>:dead`` holds ``<name>``'s dead letters (see :mod:`busmq.controls`)."""
+
+
+def dead_letter_name(name: str) -> str:
+    """The name of ``name``'s dead-letter queue."""
+    return name + DEAD_SUFFIX
+
+
+def placement_name(name: str) -> str:
+    """The name whose hash places the queue: a dead-letter queue goes with its queue, so
+    moving a message between them is one single-slot script."""
+    return name[: -len(DEAD_SUFFIX)] if name.endswith(DEAD_SUFFIX) else name
+
+
 @dataclass(frozen=True)
 class QueueKeys:
     """The Redis keys of one queue.
 
     - ``stream``: the messages, a Redis stream whose entry ids are ``<id>-0``.
-    - ``info``: a hash with the id counter (``seq``), the mode, ttl and limits.
+    - ``info``: a hash with the id counter (``seq``), the mode, ttl, limits and the
+      processing controls (pause, rate limits, max deliveries).
     - ``meta``: user metadata (``Queue.metadata``).
     - ``leases``: sorted set of attachments, scored by lease expiry (ms).
+    - ``due``: sorted set of what waits for a time, scored by due time (ms): ``p:<id>``
+      a delayed push (held in ``delayed``), ``r:<stream id>`` a retry.
+    - ``delayed``: hash id -> delayed message (MessagePack), until it is due.
+    - ``alias``: hash id -> stream id, for delayed messages stored after later ones.
+    - ``state``: hash of what a retry or a dead letter needs: ``<stream id>`` -> the
+      delivery count, ``f:``/``e:<stream id>`` -> first delivery (ms) / last error.
+    - ``buckets``: hash header value -> token bucket, for the per-key rate limit.
+    - ``parked``: sorted set of the stream ids waiting in ``due`` for a retry, scored by
+      position: they left the pending list, and must not be collected as consumed.
+
+    A dead-letter queue (``<name>:dead``) has the same hash tag as its queue.
     """
 
     name: str
 
     @property
     def tag(self) -> str:
-        return f"{PREFIX}:{{{self.name}}}"
+        base = placement_name(self.name)
+        return f"{PREFIX}:{{{base}}}" + self.name[len(base) :]
 
     @property
     def stream(self) -> str:
@@ -78,10 +106,50 @@ class QueueKeys:
         """Pub/sub channel announcing new messages (see :mod:`busmq.notifier`)."""
         return f"{self.tag}:n"
 
-    def all(self) -> tuple[str, str, str, str]:
+    @property
+    def due(self) -> str:
+        return f"{self.tag}:d"
+
+    @property
+    def delayed(self) -> str:
+        return f"{self.tag}:dm"
+
+    @property
+    def alias(self) -> str:
+        return f"{self.tag}:a"
+
+    @property
+    def state(self) -> str:
+        return f"{self.tag}:x"
+
+    @property
+    def buckets(self) -> str:
+        return f"{self.tag}:k"
+
+    @property
+    def parked(self) -> str:
+        return f"{self.tag}:w"
+
+    def all(self) -> tuple[str, ...]:
         """The keys that expire together and are deleted together on close, in the order
         the scripts expect them."""
-        return (self.info, self.stream, self.meta, self.leases)
+        return (
+            self.info,
+            self.stream,
+            self.meta,
+            self.leases,
+            self.due,
+            self.delayed,
+            self.alias,
+            self.state,
+            self.buckets,
+            self.parked,
+        )
+
+    def with_dead_letters(self) -> tuple[str, ...]:
+        """:meth:`all`, then the dead-letter queue's keys: the KEYS of every script that
+        may move a message to the dead letters."""
+        return self.all() + QueueKeys(dead_letter_name(self.name)).all()
 
 
 CONSUMER_GROUP = "busmq"

@@ -14,13 +14,15 @@ from enum import Enum
 from types import MappingProxyType
 from typing import Any
 
-from .errors import InvalidMessageError, MessageTooLargeError
+from .controls import Settlement, error_text
+from .errors import BusError, InvalidMessageError, MessageTooLargeError
 
 # Stream entry field names; short because they are stored once per message.
 F_PAYLOAD = b"p"
 F_KIND = b"k"
 F_HEADERS = b"h"
 F_TIME = b"t"
+F_ORIGINAL_ID = b"i"  # a delayed message, stored after later ones: the id it was given
 
 
 class PayloadKind(Enum):
@@ -116,8 +118,9 @@ class Message:
 def decode_entry(entry_id: bytes, fields: Mapping[bytes, bytes]) -> Message:
     """Build a :class:`Message` from a stream entry (``<id>-0`` and its field map)."""
     raw_headers = fields.get(F_HEADERS)
+    original = fields.get(F_ORIGINAL_ID)
     return Message(
-        id=stream_id_to_int(entry_id),
+        id=int(original) if original is not None else stream_id_to_int(entry_id),
         payload=fields.get(F_PAYLOAD, b""),
         kind=_KINDS[fields.get(F_KIND, b"b")],
         headers=json.loads(raw_headers) if raw_headers else NO_HEADERS,
@@ -173,8 +176,9 @@ def int_to_stream_id(message_id: int) -> str:
 class Delivery:
     """A message handed to a consumer, with what the consumer needs to settle it.
 
-    In at-least-once mode call :meth:`ack` once processed, or :meth:`nack` to have it
-    redelivered promptly. In the other modes both are no-ops.
+    In at-least-once mode call :meth:`ack` once processed, :meth:`nack` to have it
+    redelivered (at once or after a delay), or :meth:`reject` to dead-letter it. In the
+    other modes these are no-ops.
 
     Attributes:
         message: the message.
@@ -184,6 +188,7 @@ class Delivery:
     message: Message
     delivery_count: int = 1
     _settle: Callable[[int, bool], Awaitable[None]] | None = None
+    _control: Callable[[int, Settlement], Awaitable[None]] | None = None
 
     @property
     def id(self) -> int:
@@ -211,7 +216,28 @@ class Delivery:
         if self._settle is not None:
             await self._settle(self.message.id, True)
 
-    async def nack(self) -> None:
-        """Give the delivery back so it is redelivered promptly (at-least-once)."""
-        if self._settle is not None:
+    async def nack(
+        self, *, delay: float | None = None, error: str | BaseException | None = None
+    ) -> None:
+        """Give the delivery back (at-least-once): redelivered promptly, or after
+        ``delay`` seconds (it does not hold back the messages behind it). ``error`` is
+        kept with it and shows in its dead letter if it dies. Past the consumer's or
+        queue's ``max_deliveries`` it goes to the dead-letter queue instead."""
+        if self._settle is None:
+            return
+        if (delay or error is not None) and self._control is not None:
+            text = error_text(error)
+            await self._control(self.message.id, Settlement(delay=delay or 0.0, error=text))
+        elif delay:
+            raise BusError("this consumer cannot delay a retry")
+        else:
             await self._settle(self.message.id, False)
+
+    async def reject(self, reason: str | BaseException | None = None) -> None:
+        """Dead-letter the delivery now (at-least-once): it moves to the dead-letter
+        queue with reason ``rejected`` and ``reason`` as its error text."""
+        if self._settle is None:
+            return
+        if self._control is None:
+            raise BusError("this consumer cannot reject to a dead-letter queue")
+        await self._control(self.message.id, Settlement(reject=True, error=error_text(reason)))

@@ -6,11 +6,14 @@ import asyncio
 import itertools
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis.asyncio as aioredis
 
+from . import controls
 from .consumer import LATEST, Consumer, Mode
+from .controls import QueueInfo, RateLimit, RetryPolicy
 from .durability import Durability
 from .errors import (
     BusClosedError,
@@ -22,14 +25,12 @@ from .errors import (
     UnknownMessageError,
 )
 from .events import Event, EventHub
-from .keys import QueueKeys, validate_name
+from .keys import QueueKeys, dead_letter_name, placement_name, validate_name
 from .message import (
     EncodedMessage,
     Payload,
     PayloadKind,
     encode,
-    int_to_stream_id,
-    stream_id_to_int,
 )
 
 if TYPE_CHECKING:
@@ -183,7 +184,7 @@ class Queue:
             lambda c: self._bus.scripts.call(
                 c,
                 "attach",
-                self._keys.all(),
+                self._keys.with_dead_letters(),
                 [member, lease_ms, ttl_ms, "1" if create else "0", *limits],
             ),
             idempotent=True,
@@ -214,6 +215,10 @@ class Queue:
         headers: Headers | None = None,
         request_id: str | None = None,
         durability: Durability | str | None = None,
+        delay: float | None = None,
+        at: datetime | None = None,
+        ttl: float | None = None,
+        expires_at: datetime | None = None,
     ) -> int:
         """Push one message; returns its id.
 
@@ -222,11 +227,21 @@ class Queue:
         ``BusSettings.dedupe_seconds`` stores nothing and returns the original id.
         ``durability`` overrides ``BusSettings.durability`` for this push (``"async"``,
         ``"replicas=N"``, ``"fsync"``; see :mod:`busmq.durability`).
+
+        ``delay`` (seconds, by Redis's clock) or ``at`` (an aware datetime) hold the
+        message back: its id is issued now, it is delivered once due (see
+        :mod:`busmq.controls`). ``ttl`` (seconds) or ``expires_at``: a message not
+        delivered by then is not delivered; it goes to the dead-letter queue with reason
+        ``expired``, or is dropped if the queue says so (:meth:`drop_expired`).
         """
         ids = await self.push_batch(
             [value if headers is None else (value, headers)],
             request_id=request_id,
             durability=durability,
+            delay=delay,
+            at=at,
+            ttl=ttl,
+            expires_at=expires_at,
         )
         return ids[0]
 
@@ -236,11 +251,16 @@ class Queue:
         *,
         request_id: str | None = None,
         durability: Durability | str | None = None,
+        delay: float | None = None,
+        at: datetime | None = None,
+        ttl: float | None = None,
+        expires_at: datetime | None = None,
     ) -> list[int]:
         """Push several messages atomically, in order, in one round trip; returns their ids.
 
         Each item is a value, a ``(value, headers)`` pair, or an already encoded
         :class:`~busmq.message.EncodedMessage`. Either all are stored or, on error, none.
+        ``delay``/``at`` and ``ttl``/``expires_at`` apply to every message (see :meth:`push`).
         """
         limit = self._bus.settings.max_message_bytes
         flat: list[bytes | str | int] = []
@@ -254,7 +274,8 @@ class Queue:
                 message = _encode_item(item, limit)
                 flat += (message.payload, message.kind.value, message.headers)
             count += 1
-        result = await self._push_flat(flat, count, request_id, durability)
+        timing = (controls.due_ms(delay, at), controls.expires_ms(ttl, expires_at))
+        result = await self._push_flat(flat, count, request_id, durability, timing)
         return result.ids
 
     async def push_encoded(
@@ -263,13 +284,18 @@ class Queue:
         *,
         request_id: str | None = None,
         durability: Durability | str | None = None,
+        delay: float | None = None,
+        at: datetime | None = None,
+        ttl: float | None = None,
+        expires_at: datetime | None = None,
     ) -> PushResult:
         """Push already encoded messages (sizes are the caller's to check); see
         :meth:`push_batch`. Also tells whether ``request_id`` had been stored before."""
         flat: list[bytes | str | int] = []
         for message in encoded:
             flat += (message.payload, message.kind.value, message.headers)
-        return await self._push_flat(flat, len(encoded), request_id, durability)
+        timing = (controls.due_ms(delay, at), controls.expires_ms(ttl, expires_at))
+        return await self._push_flat(flat, len(encoded), request_id, durability, timing)
 
     async def _push_flat(
         self,
@@ -277,6 +303,7 @@ class Queue:
         count: int,
         request_id: str | None,
         durability: Durability | str | None = None,
+        timing: tuple[str, str] = ("", ""),
     ) -> PushResult:
         self._require_open()
         if not count:
@@ -284,9 +311,10 @@ class Queue:
         args: list[bytes | str | int] = [
             _ms(self._bus.settings.dedupe_seconds),
             self._keys.notify_channel,
+            *timing,
             *flat,
         ]
-        keys = [self._keys.info, self._keys.stream]
+        keys = [self._keys.info, self._keys.stream, self._keys.due, self._keys.delayed]
         if request_id is not None:
             if not request_id or len(request_id) > 200:
                 raise ValueError("request_id must be 1-200 characters")
@@ -331,6 +359,8 @@ class Queue:
         from_id: int = LATEST,
         prefetch: int = 100,
         visibility_timeout: float = 30.0,
+        max_deliveries: int | None = None,
+        retry_policy: RetryPolicy | None = None,
     ) -> Consumer:
         """A consumer of this queue: ``async with queue.consume(...) as c: async for d in c``.
 
@@ -344,6 +374,11 @@ class Queue:
             prefetch: messages fetched per read, and the bound on read-ahead.
             visibility_timeout: at-least-once: seconds a delivery may stay unacked
                 before another consumer takes it over.
+            max_deliveries: at-least-once: a message delivered this many times without
+                an ack goes to the dead-letter queue (default: the queue's
+                :meth:`set_max_deliveries`, else never).
+            retry_policy: at-least-once: a nack waits as the policy says before the
+                message is delivered again (default: redelivered at once).
         """
         self._require_open()
         return Consumer(
@@ -353,6 +388,8 @@ class Queue:
             from_id=from_id,
             prefetch=prefetch,
             visibility_timeout=visibility_timeout,
+            max_deliveries=max_deliveries,
+            retry_policy=retry_policy,
         )
 
     async def ack(self, *ids: int) -> int:
@@ -369,12 +406,12 @@ class Queue:
     async def _ack_ids(self, ids: list[int]) -> list[int]:
         if not ids:
             return []
-        stream_ids = [int_to_stream_id(i) for i in ids]
+        keys = [self._keys.stream, self._keys.alias, self._keys.state]
         unknown: list[bytes] = await self._run_fast(
-            lambda c: self._bus.scripts.call(c, "ack", [self._keys.stream], stream_ids),
+            lambda c: self._bus.scripts.call(c, "ack", keys, ids),
             idempotent=False,
         )
-        return [stream_id_to_int(u) for u in unknown]
+        return [int(u) for u in unknown]
 
     async def _prepare_consumer(self, family: str) -> tuple[str, int]:
         try:
@@ -414,7 +451,16 @@ class Queue:
         """Remove every stored message; ids keep increasing from where they were."""
         self._require_open()
         await self._require_exists()
-        await self._run(lambda c: c.xtrim(self._keys.stream, maxlen=0), idempotent=True)
+        keys = self._keys
+        held = (keys.due, keys.delayed, keys.alias, keys.state, keys.parked)
+
+        async def run(client: aioredis.Redis) -> None:
+            pipe = client.pipeline(transaction=True)
+            pipe.xtrim(keys.stream, maxlen=0)
+            pipe.delete(*held)
+            await pipe.execute()
+
+        await self._run(run, idempotent=True)
 
     async def close(self) -> None:
         """Destroy the queue for every client: its messages, metadata and attachments.
@@ -445,6 +491,61 @@ class Queue:
         await self._run(
             lambda c: _hset_keep_ttl(c, self._keys.meta, self._keys.info, values), idempotent=True
         )
+
+    # -- processing controls (see busmq.controls) --------------------------------------
+
+    async def info(self) -> QueueInfo:
+        """Counts (stored, pending, delayed, dead letters) and the controls in force."""
+        return await controls.read_info(self)
+
+    async def pause(self) -> None:
+        """Stop deliveries to every consumer (in every process) until :meth:`resume`;
+        pushes go on. A consumer hands out at most what it had already fetched."""
+        await controls.set_controls(self, paused="1")
+
+    async def resume(self) -> None:
+        """Restart deliveries after :meth:`pause`."""
+        await controls.set_controls(self, paused=None)
+
+    async def set_rate_limit(self, limit: RateLimit | None) -> None:
+        """Limit deliveries across every consumer: ``RateLimit(200, 1.0)`` is 200 per
+        second for the queue; ``RateLimit(10, 1.0, key="tenant")`` is 10 per second for
+        each value of header ``tenant`` (a queue has at most one of each kind; messages
+        without the header are not limited by it). ``None`` removes both kinds."""
+        if limit is None:
+            await controls.set_controls(self, rate=None, tk=None, tt=None, krate=None)
+        elif limit.key is None:
+            await controls.set_controls(self, rate=limit.encode(), tk=None, tt=None)
+        else:
+            await controls.set_controls(self, krate=limit.encode())
+
+    async def set_max_deliveries(self, max_deliveries: int | None) -> None:
+        """A message delivered this many times without an ack goes to the dead-letter
+        queue (reason ``max-deliveries``); ``None``: redeliver for ever. A consumer's
+        own ``max_deliveries`` takes precedence."""
+        if max_deliveries is not None and max_deliveries < 1:
+            raise ValueError("max_deliveries must be at least 1")
+        value = None if max_deliveries is None else str(max_deliveries)
+        await controls.set_controls(self, maxdel=value)
+
+    async def drop_expired(self, drop: bool = True) -> None:
+        """Drop expired messages instead of dead-lettering them (reason ``expired``)."""
+        await controls.set_controls(self, expdrop="1" if drop else None)
+
+    def dead_letters(self) -> Queue:
+        """The dead-letter queue, ``<name>:dead``: a normal queue (attach it to consume
+        it; it is created with the first dead letter and lives as long as this one)."""
+        return Queue(self._bus, dead_letter_name(self.name))
+
+    async def requeue_dead(self, ids: Sequence[int] | None = None, *, limit: int = 0) -> list[int]:
+        """Move dead letters back into this queue, oldest first: those with ``ids``, or
+        all of them (at most ``limit`` if given). They come back as new messages with
+        new ids, at the end of the queue; header ``busmq-requeued-id`` holds the id they
+        had. Returns their new ids."""
+        if limit < 0:
+            raise ValueError("limit must not be negative")
+        self._require_open()
+        return await controls.requeue_dead(self, None if ids is None else list(ids), limit)
 
     # -- plumbing -------------------------------------------------------------------
 
@@ -477,7 +578,7 @@ class Queue:
         return self._shard
 
     async def _locate(self) -> Shard:
-        return await self._bus.placement.locate(self.name, self._keys.info)
+        return await self._bus.placement.locate(placement_name(self.name), self._keys.info)
 
     def _script_error(self, exc: RedisCommandError) -> Exception:
         text = str(exc)

@@ -28,7 +28,20 @@ def _source(name: str, sharded_publish: bool) -> str:
 class Scripts:
     """The scripts, run with EVALSHA on any client (loaded again on NOSCRIPT)."""
 
-    NAMES = ("attach", "detach", "push", "ack", "ack_upto", "claim", "prepare_consumer", "release")
+    NAMES = (
+        "attach",
+        "detach",
+        "push",
+        "ack",
+        "ack_upto",
+        "claim",
+        "prepare_consumer",
+        "release",
+        "read",
+        "settle",
+        "requeue",
+        "promote",
+    )
 
     def __init__(self, client: aioredis.Redis, *, sharded_publish: bool = False) -> None:
         self._scripts: dict[str, AsyncScript] = {

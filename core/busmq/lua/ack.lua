@@ -1,15 +1,28 @@
--- Acknowledge delivered ids and delete their messages. KEYS: stream. ARGV: stream ids.
--- Returns the ids that were not pending.
-local stream = KEYS[1]
+-- Acknowledge delivered ids and delete their messages.
+-- KEYS: stream, alias, state. ARGV: message ids. Returns the ids that were not pending.
+local stream, alias, state = KEYS[1], KEYS[2], KEYS[3]
 local unknown, acked = {}, {}
 for i = 1, #ARGV do
-  if redis.call('XACK', stream, GROUP, ARGV[i]) == 1 then
-    acked[#acked + 1] = ARGV[i]
+  local sid = ARGV[i] .. '-0'
+  if redis.call('XACK', stream, GROUP, sid) == 1 then
+    acked[#acked + 1] = sid
   else
-    unknown[#unknown + 1] = ARGV[i]
+    -- A delayed message is stored under a later position than its id.
+    local moved = redis.call('HGET', alias, ARGV[i])
+    if moved and redis.call('XACK', stream, GROUP, moved) == 1 then
+      redis.call('HDEL', alias, ARGV[i])
+      acked[#acked + 1] = moved
+    else
+      unknown[#unknown + 1] = ARGV[i]
+    end
   end
 end
 for i = 1, #acked, 1000 do
   redis.call('XDEL', stream, unpack(acked, i, math.min(i + 999, #acked)))
+end
+if #acked > 0 and redis.call('EXISTS', state) == 1 then
+  for _, sid in ipairs(acked) do
+    redis.call('HDEL', state, sid, 'f:' .. sid, 'e:' .. sid, 'l:' .. sid)
+  end
 end
 return unknown

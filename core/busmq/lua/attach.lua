@@ -1,14 +1,15 @@
 -- Attach (create if ARGV[4] == '1') or renew a lease on a queue.
--- KEYS: info, stream, meta, leases
+-- KEYS: QueueKeys.with_dead_letters() (the queue's, then its dead-letter queue's)
 -- ARGV: member, lease_ms, ttl_ms ('' keeps), create, maxlen, maxage_ms, backlog ('' keeps, '0' clears)
 -- Returns {created (0/1), attachments}, or {-1, 0} if the queue is gone and create is off.
-local info, stream, meta, leases = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local q, dq = queue_keys(KEYS, 1), queue_keys(KEYS, 11)
+local info, stream, meta, leases = q.info, q.stream, q.meta, q.leases
 local now = now_ms()
 local created = 0
 if redis.call('EXISTS', info) == 0 then
   if ARGV[4] ~= '1' then return {-1, 0} end
   -- Leftovers of an expired incarnation must not leak into the new one.
-  redis.call('DEL', stream, meta, leases)
+  redis.call('DEL', unpack(q.all))
   redis.call('HSET', info, 'seq', 0, 'created', now, 'ttl', ARGV[3])
   redis.call('XGROUP', 'CREATE', stream, GROUP, '0', 'MKSTREAM')
   created = 1
@@ -23,6 +24,8 @@ end
 redis.call('ZADD', leases, now + tonumber(ARGV[2]), ARGV[1])
 local conf = redis.call('HMGET', info, 'maxage', 'mode')
 if conf[1] then trim_age(stream, now - tonumber(conf[1])) end
-if conf[2] == 'destructive' then collect_consumed(stream) end
+if conf[2] == 'destructive' then collect_consumed(stream, q.parked) end
 local ttl = tonumber(redis.call('HGET', info, 'ttl'))
-return {created, refresh_expiry(KEYS, leases, now, ttl)}
+local attachments = refresh_expiry(q.all, leases, now, ttl)
+outlive(dq, q)
+return {created, attachments}

@@ -1,4 +1,4 @@
--- Release an attachment. KEYS: info, stream, meta, leases. ARGV: member.
+-- Release an attachment. KEYS: QueueKeys.all(). ARGV: member.
 -- Returns the attachments left, or -1 if the queue is gone.
 local info, leases = KEYS[1], KEYS[4]
 if redis.call('EXISTS', info) == 0 then return -1 end

@@ -36,7 +36,7 @@ end
 -- In a destructive queue, remove messages the consumer group has moved past and that
 -- are not pending: at-most-once reads delete what they read right after reading, and
 -- this collects what a consumer that died in between left behind.
-local function collect_consumed(stream)
+local function collect_consumed(stream, parked)
   local ok, groups = pcall(redis.call, 'XINFO', 'GROUPS', stream)
   if not ok then return end
   for _, g in ipairs(groups) do
@@ -46,6 +46,8 @@ local function collect_consumed(stream)
       if summary[1] > 0 then
         floor = math.min(floor, tonumber(string.match(summary[2], '^(%d+)')))
       end
+      local waiting = parked and redis.call('ZRANGE', parked, 0, 0, 'WITHSCORES') or {}
+      if waiting[2] then floor = math.min(floor, tonumber(waiting[2])) end
       redis.call('XTRIM', stream, 'MINID', string.format('%d-0', floor))
     end
   end
@@ -59,4 +61,103 @@ local function refresh_expiry(keys, leases, now, ttl)
   if #last > 0 then pttl = math.max(tonumber(last[2]) - now, 0) + ttl end
   for _, key in ipairs(keys) do redis.call('PEXPIRE', key, pttl) end
   return redis.call('ZCARD', leases)
+end
+
+-- Processing controls (dead letters, retries, delayed messages). Scripts that use them
+-- get KEYS in QueueKeys.all() order, then the dead-letter queue's (with_dead_letters).
+local function queue_keys(keys, at)
+  return {info = keys[at], stream = keys[at + 1], meta = keys[at + 2], leases = keys[at + 3],
+    due = keys[at + 4], delayed = keys[at + 5], alias = keys[at + 6], state = keys[at + 7],
+    buckets = keys[at + 8], parked = keys[at + 9], all = {unpack(keys, at, at + 9)}}
+end
+
+local function position(sid) return tonumber(string.match(sid, '^(%d+)')) end
+
+-- The stream id of message id (a delayed message is stored under a later position).
+local function stream_id_of(q, id)
+  return redis.call('HGET', q.alias, id) or (id .. '-0')
+end
+
+-- Forget what the controls kept about a settled stream entry.
+local function forget_state(q, sid, fields)
+  redis.call('HDEL', q.state, sid, 'f:' .. sid, 'e:' .. sid, 'l:' .. sid)
+  local original = fields and field(fields, 'i')
+  if original then redis.call('HDEL', q.alias, original) end
+end
+
+-- A fresh stream position after every id issued so far: "<seq>-<k>".
+local function next_position(q)
+  local conf = redis.call('HMGET', q.info, 'seq', 'pbase')
+  if conf[2] == conf[1] then
+    return conf[1] .. '-' .. redis.call('HINCRBY', q.info, 'pk', 1)
+  end
+  redis.call('HSET', q.info, 'pbase', conf[1], 'pk', 1)
+  return conf[1] .. '-1'
+end
+
+-- Store delayed message id (due now) in the stream, after everything stored so far.
+local function promote_delayed(q, id)
+  local packed = redis.call('HGET', q.delayed, id)
+  if not packed then return end
+  redis.call('HDEL', q.delayed, id)
+  local m = cmsgpack.unpack(packed) -- {payload, kind, pushed ms, headers, expires ms}
+  local sid = next_position(q)
+  local args = {'XADD', q.stream, sid, 'p', m[1], 'k', m[2], 't', m[3], 'i', id}
+  if m[4] ~= '' then args[#args + 1] = 'h'; args[#args + 1] = m[4] end
+  if m[5] ~= '' then args[#args + 1] = 'e'; args[#args + 1] = m[5] end
+  redis.call(unpack(args))
+  redis.call('HSET', q.alias, id, sid)
+end
+
+-- Keep a dead-letter queue alive at least as long as its queue.
+local function outlive(dq, q)
+  local pttl = redis.call('PTTL', q.info)
+  if pttl <= 0 then return end
+  for _, key in ipairs(dq.all) do
+    local own = redis.call('PTTL', key)
+    if own ~= -2 and own < pttl then redis.call('PEXPIRE', key, pttl) end
+  end
+end
+
+-- Move stream entry sid (its fields given) from q to dead-letter queue dq, with headers
+-- saying why. Settles it in q (it leaves the pending list and the stream).
+local function dead_letter(q, dq, name, sid, fields, reason, count, now, error_text, last)
+  local headers = {}
+  local raw = field(fields, 'h')
+  if raw and raw ~= '' then headers = cjson.decode(raw) end
+  local first = redis.call('HGET', q.state, 'f:' .. sid)
+  headers['busmq-dead-reason'] = reason
+  headers['busmq-dead-queue'] = name
+  headers['busmq-dead-id'] = field(fields, 'i') or tostring(position(sid))
+  headers['busmq-dead-deliveries'] = tostring(count)
+  headers['busmq-dead-at'] = tostring(now)
+  if first then headers['busmq-dead-first-delivery'] = first end
+  last = last or redis.call('HGET', q.state, 'l:' .. sid)
+  if last then headers['busmq-dead-last-delivery'] = last end
+  error_text = error_text or redis.call('HGET', q.state, 'e:' .. sid)
+  if error_text and error_text ~= '' then headers['busmq-dead-error'] = error_text end
+  if redis.call('EXISTS', dq.info) == 0 then
+    redis.call('DEL', dq.stream, dq.meta, dq.leases)
+    redis.call('HSET', dq.info, 'seq', 0, 'created', now,
+      'ttl', redis.call('HGET', q.info, 'ttl') or 86400000)
+    redis.call('XGROUP', 'CREATE', dq.stream, GROUP, '0', 'MKSTREAM')
+  end
+  local id = redis.call('HINCRBY', dq.info, 'seq', 1)
+  redis.call('XADD', dq.stream, id .. '-0', 'p', field(fields, 'p') or '', 'k',
+    field(fields, 'k') or 'b', 't', now, 'h', cjson.encode(headers))
+  outlive(dq, q)
+  redis.call('PUBLISH', string.sub(dq.info, 1, -2) .. 'n', id)
+  redis.call('XACK', q.stream, GROUP, sid)
+  redis.call('XDEL', q.stream, sid)
+  redis.call('ZREM', q.parked, sid)
+  forget_state(q, sid, fields)
+end
+
+-- Park pending entry sid out of the pending list until due_ms, then redeliver it with
+-- delivery count count + 1 (deliveries so far: count).
+local function park(q, sid, due_ms, count, last)
+  redis.call('XACK', q.stream, GROUP, sid)
+  redis.call('HSET', q.state, sid, count, 'l:' .. sid, last)
+  redis.call('ZADD', q.parked, position(sid), sid)
+  redis.call('ZADD', q.due, due_ms, 'r:' .. sid)
 end

@@ -1,14 +1,17 @@
 -- Append messages with consecutive ids.
--- KEYS: info, stream[, dedupe key]. ARGV: dedupe_ms, notify channel, then (payload, kind,
--- headers) per message. Publishes the last id on the channel to wake idle consumers.
+-- KEYS: info, stream, due, delayed[, dedupe key]. ARGV: dedupe_ms, notify channel, due
+-- (Unix ms, '+ms' from now by Redis's clock, '' now), expires (the same; '' never), then
+-- (payload, kind, headers) per message.
+-- A message due later keeps its id and waits in `delayed` until a read promotes it.
+-- Publishes the last id on the channel to wake idle consumers.
 -- Returns {first id, 1 if this request_id was already stored (nothing written) else 0}.
-local info, stream, dedupe = KEYS[1], KEYS[2], KEYS[3]
+local info, stream, due_key, delayed, dedupe = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 if redis.call('EXISTS', info) == 0 then return redis.error_reply('NOQUEUE queue does not exist') end
 if dedupe then
   local previous = redis.call('GET', dedupe)
   if previous then return {tonumber(previous), 1} end
 end
-local n = (#ARGV - 2) / 3
+local n = (#ARGV - 4) / 3
 local conf = redis.call('HMGET', info, 'maxlen', 'maxage', 'backlog')
 if conf[3] and redis.call('XLEN', stream) + n > tonumber(conf[3]) then
   return redis.error_reply('FULL ' .. conf[3])
@@ -16,15 +19,34 @@ end
 local first = redis.call('HINCRBY', info, 'seq', n) - n + 1
 local now = now_ms()
 local stamp = string.format('%d', now)
-for i = 0, n - 1 do
-  local base = 3 + i * 3
-  local id = string.format('%d-0', first + i)
-  if ARGV[base + 2] == '' then
-    redis.call('XADD', stream, id, 'p', ARGV[base], 'k', ARGV[base + 1], 't', stamp)
-  else
-    redis.call('XADD', stream, id, 'p', ARGV[base], 'k', ARGV[base + 1], 't', stamp, 'h', ARGV[base + 2])
+local function absolute(spec)
+  if string.sub(spec, 1, 1) == '+' then return string.format('%d', now + tonumber(string.sub(spec, 2))) end
+  return spec
+end
+local due, expires = absolute(ARGV[3]), absolute(ARGV[4])
+if due ~= '' and tonumber(due) > now then
+  for i = 0, n - 1 do
+    local base = 5 + i * 3
+    local id = tostring(first + i)
+    redis.call('HSET', delayed, id, cmsgpack.pack({ARGV[base], ARGV[base + 1], stamp, ARGV[base + 2], expires}))
+    redis.call('ZADD', due_key, due, 'p:' .. id)
+  end
+  local pttl = redis.call('PTTL', info)
+  if pttl > 0 then redis.call('PEXPIRE', delayed, pttl); redis.call('PEXPIRE', due_key, pttl) end
+else
+  for i = 0, n - 1 do
+    local base = 5 + i * 3
+    local id = string.format('%d-0', first + i)
+    if expires ~= '' then
+      redis.call('XADD', stream, id, 'p', ARGV[base], 'k', ARGV[base + 1], 't', stamp, 'h', ARGV[base + 2], 'e', expires)
+    elseif ARGV[base + 2] == '' then
+      redis.call('XADD', stream, id, 'p', ARGV[base], 'k', ARGV[base + 1], 't', stamp)
+    else
+      redis.call('XADD', stream, id, 'p', ARGV[base], 'k', ARGV[base + 1], 't', stamp, 'h', ARGV[base + 2])
+    end
   end
 end
+if expires ~= '' then redis.call('HSET', info, 'expiring', 1) end
 if conf[1] then redis.call('XTRIM', stream, 'MAXLEN', conf[1]) end
 if conf[2] then trim_age(stream, now - tonumber(conf[2])) end
 if redis.call('PTTL', stream) == -1 then

@@ -307,10 +307,11 @@ def attach(
     """Attach (or renew) ``member``'s lease on queue ``name``; returns whether it exists."""
     keys = QueueKeys(name)
     with client(url) as c:
+        all_keys = keys.with_dead_letters()
         reply = c.eval(
             attach_script(),
-            4,
-            *keys.all(),
+            len(all_keys),
+            *all_keys,
             member,
             int(lease_seconds * 1000),
             int(ttl_seconds * 1000),
@@ -345,12 +346,16 @@ def push(
     try:
         first, duplicate = c.eval(
             push_script(),
-            3,
+            5,
             keys.info,
             keys.stream,
+            keys.due,
+            keys.delayed,
             keys.dedupe_prefix + request_id,
             int(dedupe_seconds * 1000),
             keys.notify_channel,
+            "",  # due now
+            "",  # never expires
             *flat,
         )
     except redis_module.ResponseError as exc:

@@ -1,0 +1,262 @@
+"""Processing controls of a queue: dead letters, retries with backoff, delayed delivery,
+expiry, rate limits and pause.
+
+All of it is Redis data beside the queue's stream, changed by Lua scripts that touch
+keys of one hash tag only (see :class:`busmq.keys.QueueKeys`), so every step is atomic
+and works on Redis Cluster:
+
+- **Dead letters** go to queue ``<name>:dead`` (same hash tag): a normal queue whose
+  messages carry ``busmq-dead-*`` headers saying why, from where, and how often they
+  were delivered. :meth:`Queue.requeue_dead` moves them back as new messages.
+- **Retries** (``nack(delay=...)``, :class:`RetryPolicy`) take the delivery out of the
+  pending list and park it in the ``due`` sorted set; the read script of whichever
+  consumer reads after it is due gives it back with its delivery count.
+- **Delayed messages** get their id at push and wait in ``delayed``/``due``; the read
+  script stores them in the stream when due, after everything stored so far.
+- **Rate limits** are token buckets in the queue's info hash (per key: a hash of
+  buckets), spent by the read script: every consumer process shares them.
+- **Pause** is a flag in the info hash: the read script returns nothing while it is set.
+
+No scheduler process is involved: consumers promote what is due when they read, and
+sleep until the next due time the read script reports.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+import redis.asyncio as aioredis
+
+from .errors import QueueNotFoundError, RedisCommandError
+from .keys import QueueKeys, dead_letter_name
+
+if TYPE_CHECKING:
+    from .queue import Queue
+
+DEAD_HEADERS = (
+    "busmq-dead-reason",
+    "busmq-dead-queue",
+    "busmq-dead-id",
+    "busmq-dead-deliveries",
+    "busmq-dead-at",
+    "busmq-dead-first-delivery",
+    "busmq-dead-last-delivery",
+    "busmq-dead-error",
+)
+"""Headers a dead letter carries: why (``max-deliveries``, ``rejected``, ``expired``),
+the queue and id it had, how often it was delivered, when it died, its first and last
+delivery (Unix ms) and the last error its consumer gave."""
+
+REQUEUED_HEADER = "busmq-requeued-id"
+"""Header of a requeued dead letter: the id it had in the queue before it died."""
+
+MAX_ERROR_TEXT = 1024
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How long a failed delivery waits before it is delivered again: ``initial`` seconds
+    after the first delivery, multiplied by ``factor`` for each further one, at most
+    ``max_delay``; ``jitter`` (0-1) spreads each delay by up to that fraction, so a
+    fleet of retries does not come back at one instant."""
+
+    initial: float = 1.0
+    factor: float = 2.0
+    max_delay: float = 300.0
+    jitter: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.initial < 0 or self.max_delay < 0:
+            raise ValueError("RetryPolicy delays must not be negative")
+        if self.factor < 1:
+            raise ValueError("RetryPolicy.factor must be at least 1")
+        if not 0 <= self.jitter <= 1:
+            raise ValueError("RetryPolicy.jitter must be between 0 and 1")
+
+    def delay(self, delivery_count: int) -> float:
+        """Seconds to wait after delivery number ``delivery_count`` failed."""
+        base = min(self.initial * self.factor ** max(delivery_count - 1, 0), self.max_delay)
+        if self.jitter:
+            base *= 1 - self.jitter * random.random()
+        return base
+
+
+@dataclass(frozen=True)
+class RateLimit:
+    """At most ``limit`` deliveries per ``per_seconds``, for every consumer together
+    (a token bucket of ``limit`` tokens refilled over ``per_seconds``). With ``key``,
+    the limit applies to each value of that header separately (e.g. per tenant)."""
+
+    limit: int
+    per_seconds: float = 1.0
+    key: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.limit < 1:
+            raise ValueError("RateLimit.limit must be at least 1")
+        if self.per_seconds <= 0:
+            raise ValueError("RateLimit.per_seconds must be positive")
+        if self.key is not None and (not self.key or " " in self.key):
+            raise ValueError("RateLimit.key must be a header name without spaces")
+
+    def encode(self) -> str:
+        spec = f"{self.limit} {int(self.per_seconds * 1000)}"
+        return spec if self.key is None else f"{self.key} {spec}"
+
+    @classmethod
+    def decode(cls, raw: bytes | str | None) -> RateLimit | None:
+        if not raw:
+            return None
+        text = raw.decode() if isinstance(raw, bytes) else raw
+        *key, limit, per_ms = text.rsplit(" ", 2)
+        return cls(int(limit), int(per_ms) / 1000, key[0] if key else None)
+
+
+@dataclass(frozen=True)
+class QueueInfo:
+    """What a queue holds and how it is controlled, read in one round trip."""
+
+    name: str
+    count: int
+    """Messages stored in the stream (ready, delivered-but-unacked, or history)."""
+    pending: int
+    """At-least-once deliveries handed out and not yet acked."""
+    delayed: int
+    """Messages and retries waiting for their due time."""
+    dead_letters: int
+    """Messages in the dead-letter queue."""
+    last_id: int
+    mode: str | None
+    paused: bool
+    rate_limit: RateLimit | None
+    key_rate_limit: RateLimit | None
+    max_deliveries: int | None
+    drop_expired: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """How a delivery is settled other than by a plain ack or nack."""
+
+    reject: bool = False
+    """Dead-letter it now (reason ``rejected``)."""
+    delay: float = 0.0
+    """Retry: seconds before it is delivered again."""
+    error: str | None = None
+    """Text kept with it (``busmq-dead-error`` if it dies)."""
+
+
+def due_ms(delay: float | None, at: datetime | None) -> str:
+    """The push script's due argument: Unix ms, or '' for now."""
+    if delay is not None and at is not None:
+        raise ValueError("give delay or at, not both")
+    if delay is not None:
+        if delay < 0:
+            raise ValueError("delay must not be negative")
+        return f"+{int(delay * 1000)}" if delay > 0 else ""
+    if at is not None:
+        if at.tzinfo is None:
+            raise ValueError("at must be an aware datetime (with a timezone)")
+        return str(int(at.timestamp() * 1000))
+    return ""
+
+
+def expires_ms(ttl: float | None, expires_at: datetime | None) -> str:
+    """The push script's expiry argument: Unix ms, or '' for never."""
+    if ttl is not None and expires_at is not None:
+        raise ValueError("give ttl or expires_at, not both")
+    if ttl is not None:
+        if ttl <= 0:
+            raise ValueError("ttl must be positive")
+        return f"+{int(ttl * 1000)}"
+    if expires_at is not None:
+        if expires_at.tzinfo is None:
+            raise ValueError("expires_at must be an aware datetime (with a timezone)")
+        return str(int(expires_at.timestamp() * 1000))
+    return ""
+
+
+def error_text(error: str | BaseException | None) -> str:
+    if error is None:
+        return ""
+    text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+    return text[:MAX_ERROR_TEXT]
+
+
+async def set_controls(queue: Queue, **fields: str | None) -> None:
+    """Set (a str) or remove (None) control fields of the queue's info hash, then wake
+    its consumers so they read again under the new settings."""
+    keys = queue._keys
+    present = {k: v for k, v in fields.items() if v is not None}
+    absent = [k for k, v in fields.items() if v is None]
+
+    async def run(client: aioredis.Redis) -> int:
+        pipe = client.pipeline(transaction=True)
+        pipe.exists(keys.info)
+        if present:
+            pipe.hset(keys.info, mapping=present)  # type: ignore[arg-type]
+        if absent:
+            pipe.hdel(keys.info, *absent)
+        pipe.publish(keys.notify_channel, 0)
+        exists, *_ = await pipe.execute()
+        return int(exists)
+
+    await queue._require_exists()
+    await queue._run(run, idempotent=True)
+
+
+async def read_info(queue: Queue) -> QueueInfo:
+    keys = queue._keys
+    dead = QueueKeys(dead_letter_name(queue.name))
+
+    async def run(client: aioredis.Redis) -> list[object]:
+        pipe = client.pipeline(transaction=False)
+        pipe.hmget(keys.info, "seq", "mode", "paused", "rate", "krate", "maxdel", "expdrop")
+        pipe.xlen(keys.stream)
+        pipe.zcard(keys.due)
+        pipe.xlen(dead.stream)
+        pipe.xinfo_groups(keys.stream)
+        result: list[object] = await pipe.execute(raise_on_error=False)
+        return result
+
+    conf, count, delayed, dead_count, groups = await queue._run(run, idempotent=True)
+    assert isinstance(conf, list)
+    if conf[0] is None:
+        raise QueueNotFoundError(queue.name)
+    pending = 0
+    if isinstance(groups, list):
+        pending = sum(int(g.get("pending", 0)) for g in groups if isinstance(g, dict))
+    mode = conf[1].decode() if isinstance(conf[1], bytes) else None
+    return QueueInfo(
+        name=queue.name,
+        count=_int(count),
+        pending=pending,
+        delayed=_int(delayed),
+        dead_letters=_int(dead_count),
+        last_id=int(conf[0]),
+        mode=mode,
+        paused=conf[2] is not None,
+        rate_limit=RateLimit.decode(conf[3]),
+        key_rate_limit=RateLimit.decode(conf[4]),
+        max_deliveries=int(conf[5]) if conf[5] is not None else None,
+        drop_expired=conf[6] is not None,
+    )
+
+
+def _int(value: object) -> int:
+    return value if isinstance(value, int) else 0
+
+
+async def requeue_dead(queue: Queue, ids: list[int] | None, limit: int) -> list[int]:
+    args: list[str | int] = [limit, *(ids or [])]
+    try:
+        reply: list[int] = await queue._run(
+            lambda c: queue._bus.scripts.call(c, "requeue", queue._keys.with_dead_letters(), args),
+            idempotent=False,
+        )
+    except RedisCommandError as exc:
+        raise queue._script_error(exc) from None
+    return [int(i) for i in reply]

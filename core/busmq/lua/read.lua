@@ -1,0 +1,130 @@
+-- Read for a destructive consumer (at-most-once or at-least-once), with the processing
+-- controls applied atomically: pause, the queue's rate limit, due retries and delayed
+-- messages, expiry and the per-key rate limit.
+-- KEYS: QueueKeys.with_dead_letters(). ARGV: consumer, count, noack ('1' at-most-once),
+-- queue name.
+-- Returns {entries, retried, wait}: entries as XREADGROUP gives them ({id, fields}),
+-- retried as {id, fields, delivery count}, and wait: -2 paused, -1 nothing scheduled,
+-- else ms until something (a retry, a delayed message, a rate-limit token) is due.
+local q, dq = queue_keys(KEYS, 1), queue_keys(KEYS, 11)
+local consumer, want, noack, name = ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1', ARGV[4]
+local conf = redis.call('HMGET', q.info, 'paused', 'rate', 'tk', 'tt', 'krate', 'expiring', 'expdrop')
+if conf[1] then return {{}, {}, -2} end
+local now = now_ms()
+local wait = -1
+local function sooner(ms) if wait < 0 or ms < wait then wait = ms end end
+
+-- The queue's token bucket: `rate` is "limit per_ms"; tokens and their time in tk/tt.
+local allowance, tokens, limit, per = want, nil, nil, nil
+if conf[2] then
+  limit, per = string.match(conf[2], '^(%S+) (%S+)$')
+  limit, per = tonumber(limit), tonumber(per)
+  tokens = math.min(limit, tonumber(conf[3] or limit) + (now - tonumber(conf[4] or now)) * limit / per)
+  allowance = math.min(want, math.floor(tokens))
+  if allowance < 1 then return {{}, {}, math.max(1, math.ceil((1 - tokens) * per / limit))} end
+end
+
+local retried = {}
+if redis.call('EXISTS', q.due) == 1 then
+  for _, member in ipairs(redis.call('ZRANGEBYSCORE', q.due, '-inf', now, 'LIMIT', 0, allowance)) do
+    redis.call('ZREM', q.due, member)
+    local ref = string.sub(member, 3)
+    if string.sub(member, 1, 1) == 'p' then
+      promote_delayed(q, ref)
+    else
+      redis.call('ZREM', q.parked, ref)
+      local count = tonumber(redis.call('HGET', q.state, ref) or '0') + 1
+      local claimed = redis.call('XCLAIM', q.stream, GROUP, consumer, 0, ref, 'RETRYCOUNT', count, 'FORCE')
+      redis.call('HDEL', q.state, ref)
+      if claimed[1] and claimed[1][2] then
+        retried[#retried + 1] = {claimed[1][1], claimed[1][2], count}
+        if noack then
+          redis.call('XACK', q.stream, GROUP, ref)
+          redis.call('XDEL', q.stream, ref)
+          forget_state(q, ref, claimed[1][2])
+        end
+      end
+    end
+  end
+  local head = redis.call('ZRANGE', q.due, 0, 0, 'WITHSCORES')
+  if head[2] then sooner(math.max(1, tonumber(head[2]) - now)) end
+end
+
+local entries = {}
+local room = allowance - #retried
+if room > 0 then
+  local read = {'XREADGROUP', 'GROUP', GROUP, consumer, 'COUNT', room}
+  if noack then read[#read + 1] = 'NOACK' end
+  read[#read + 1] = 'STREAMS'; read[#read + 1] = q.stream; read[#read + 1] = '>'
+  local reply = redis.pcall(unpack(read))
+  if type(reply) == 'table' and reply.err then return reply end -- NOGROUP: the caller recreates it
+  if reply then entries = reply[1][2] end
+end
+
+-- Expired messages and those over their key's rate limit do not go out.
+if #entries > 0 and (conf[5] or conf[6]) then
+  local header, klimit, kper
+  if conf[5] then
+    header, klimit, kper = string.match(conf[5], '^(.-) (%S+) (%S+)$')
+    klimit, kper = tonumber(klimit), tonumber(kper)
+  end
+  local kept = {}
+  for i, entry in ipairs(entries) do
+    local sid, fields = entry[1], entry[2]
+    local expires = conf[6] and field(fields, 'e')
+    local key
+    if header then
+      local raw = field(fields, 'h')
+      if raw and raw ~= '' then key = cjson.decode(raw)[header] end
+    end
+    if expires and tonumber(expires) <= now then
+      if conf[7] then
+        redis.call('XACK', q.stream, GROUP, sid)
+        redis.call('XDEL', q.stream, sid)
+        forget_state(q, sid, fields)
+      else
+        dead_letter(q, dq, name, sid, fields, 'expired', 0, now, nil, nil)
+      end
+    elseif key then
+      local state = redis.call('HGET', q.buckets, key)
+      local have, at = klimit, now
+      if state then
+        local t, s = string.match(state, '^(%S+) (%S+)$')
+        have, at = tonumber(t), tonumber(s)
+      end
+      have = math.min(klimit, have + (now - at) * klimit / kper)
+      if have >= 1 then
+        redis.call('HSET', q.buckets, key, (have - 1) .. ' ' .. now)
+        kept[#kept + 1] = entry
+      else
+        -- Not a delivery: it waits (keeping its count) for the token it reserves now,
+        -- the bucket going below zero; later messages of the key queue up behind it.
+        local ready = now + math.ceil((1 - have) * kper / klimit)
+        redis.call('HSET', q.buckets, key, (have - 1) .. ' ' .. now)
+        park(q, sid, ready + i / 1000, 0, now)
+        sooner(ready - now)
+      end
+    else
+      kept[#kept + 1] = entry
+    end
+  end
+  entries = kept
+  if conf[5] then
+    local pttl = redis.call('PTTL', q.info)
+    if pttl > 0 then redis.call('PEXPIRE', q.buckets, pttl) end
+  end
+end
+
+if noack and #entries > 0 then
+  local ids = {}
+  for i, entry in ipairs(entries) do
+    ids[i] = entry[1]
+    local original = field(entry[2], 'i')
+    if original then redis.call('HDEL', q.alias, original) end
+  end
+  for i = 1, #ids, 1000 do redis.call('XDEL', q.stream, unpack(ids, i, math.min(i + 999, #ids))) end
+end
+if tokens then
+  redis.call('HSET', q.info, 'tk', tokens - #entries - #retried, 'tt', now)
+end
+return {entries, retried, wait}

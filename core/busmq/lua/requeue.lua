@@ -1,0 +1,43 @@
+-- Move dead letters back to their queue, as new messages (new ids, at the end: the
+-- consumer group has moved past their old positions). Their headers lose the
+-- busmq-dead-* entries and gain busmq-requeued-id (the id they had in the queue).
+-- KEYS: QueueKeys.with_dead_letters() of the queue. ARGV: limit (0: none), then the
+-- dead-letter ids to move (none: every one, oldest first, up to limit).
+-- Returns the ids the messages have in the queue now.
+local q, dq = queue_keys(KEYS, 1), queue_keys(KEYS, 11)
+if redis.call('EXISTS', q.info) == 0 then return redis.error_reply('NOQUEUE queue does not exist') end
+local entries = {}
+if #ARGV > 1 then
+  for i = 2, #ARGV do
+    local entry = redis.call('XRANGE', dq.stream, ARGV[i] .. '-0', ARGV[i] .. '-0')[1]
+    if entry then entries[#entries + 1] = entry end
+  end
+else
+  local limit = tonumber(ARGV[1])
+  if limit > 0 then
+    entries = redis.call('XRANGE', dq.stream, '-', '+', 'COUNT', limit)
+  else
+    entries = redis.call('XRANGE', dq.stream, '-', '+')
+  end
+end
+local now = string.format('%d', now_ms())
+local ids = {}
+for _, entry in ipairs(entries) do
+  local raw = field(entry[2], 'h')
+  local headers = {}
+  if raw and raw ~= '' then headers = cjson.decode(raw) end
+  local original = headers['busmq-dead-id']
+  for key, _ in pairs(headers) do
+    if string.sub(key, 1, 11) == 'busmq-dead-' then headers[key] = nil end
+  end
+  if original then headers['busmq-requeued-id'] = original end
+  local encoded = next(headers) and cjson.encode(headers) or ''
+  local id = redis.call('HINCRBY', q.info, 'seq', 1)
+  redis.call('XADD', q.stream, id .. '-0', 'p', field(entry[2], 'p') or '', 'k',
+    field(entry[2], 'k') or 'b', 't', now, 'h', encoded)
+  redis.call('XACK', dq.stream, GROUP, entry[1])
+  redis.call('XDEL', dq.stream, entry[1])
+  ids[#ids + 1] = id
+end
+if #ids > 0 then redis.call('PUBLISH', string.sub(q.info, 1, -2) .. 'n', ids[#ids]) end
+return ids

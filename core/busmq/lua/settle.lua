@@ -1,0 +1,55 @@
+-- Settle at-least-once deliveries other than by ack: retry them after a delay, or
+-- reject them to the dead-letter queue.
+-- KEYS: QueueKeys.with_dead_letters(). ARGV: op ('retry' or 'reject'), queue name,
+-- consumer, delay (ms, or 'policy <initial ms> <factor> <max ms> <jitter multiplier>':
+-- initial * factor^(deliveries - 1), at most max, times the multiplier), max_deliveries
+-- ('' for the queue's), error text, then ids.
+-- A retry of a delivery already made max_deliveries times dead-letters it instead.
+-- Returns the ids that were not pending.
+local q, dq = queue_keys(KEYS, 1), queue_keys(KEYS, 11)
+local op, name, consumer, error_text = ARGV[1], ARGV[2], ARGV[3], ARGV[6]
+local initial, factor, max_delay, jitter = string.match(ARGV[4], '^policy (%S+) (%S+) (%S+) (%S+)$')
+local function delay_after(count)
+  if not initial then return tonumber(ARGV[4]) end
+  local base = math.min(tonumber(initial) * tonumber(factor) ^ (count - 1), tonumber(max_delay))
+  return math.floor(base * tonumber(jitter))
+end
+local max_deliveries = tonumber(ARGV[5] ~= '' and ARGV[5] or redis.call('HGET', q.info, 'maxdel') or '')
+local now = now_ms()
+local unknown = {}
+local parked = false
+for i = 7, #ARGV do
+  local sid = stream_id_of(q, ARGV[i])
+  local p = redis.call('XPENDING', q.stream, GROUP, sid, sid, 1)[1]
+  local entry = p and redis.call('XRANGE', q.stream, sid, sid)[1]
+  if not entry then
+    if p then redis.call('XACK', q.stream, GROUP, sid) end -- trimmed while pending
+    unknown[#unknown + 1] = ARGV[i]
+  else
+    local idle, count = p[3], p[4]
+    if count == 1 then redis.call('HSETNX', q.state, 'f:' .. sid, now - idle) end
+    if op == 'reject' then
+      dead_letter(q, dq, name, sid, entry[2], 'rejected', count, now, error_text, now - idle)
+    elseif max_deliveries and count >= max_deliveries then
+      dead_letter(q, dq, name, sid, entry[2], 'max-deliveries', count, now, error_text, now - idle)
+    else
+      if error_text ~= '' then redis.call('HSET', q.state, 'e:' .. sid, error_text) end
+      local delay = delay_after(count)
+      if delay > 0 then
+        park(q, sid, now + delay, count, now - idle)
+        parked = true
+      else -- redelivered at the next claim of any consumer, keeping its count
+        redis.call('XCLAIM', q.stream, GROUP, consumer, 0, sid, 'IDLE', 1000000000000, 'JUSTID')
+      end
+    end
+  end
+end
+if parked then
+  local pttl = redis.call('PTTL', q.info)
+  if pttl > 0 then
+    for _, key in ipairs({q.due, q.state, q.parked}) do redis.call('PEXPIRE', key, pttl) end
+  end
+  -- Idle consumers read again and learn when the retry is due.
+  redis.call('PUBLISH', string.sub(q.info, 1, -2) .. 'n', 0)
+end
+return unknown
