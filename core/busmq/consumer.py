@@ -315,8 +315,16 @@ class Consumer:
             await self._settle_other(message_id, Settlement())
 
     async def _settle_other(self, message_id: int, settlement: Settlement) -> None:
-        """Retry (after the explicit delay, else the retry policy's, else at once) or
-        reject; past max_deliveries a retry dead-letters instead."""
+        unknown = await self.settle([message_id], settlement)
+        if unknown:
+            raise UnknownMessageError(self.queue.name, unknown)
+
+    async def settle(self, ids: Sequence[int], settlement: Settlement) -> list[int]:
+        """Retry deliveries (after ``settlement.delay``, else as the retry policy says,
+        else at once) or reject them (``settlement.reject``) to the dead-letter queue; a
+        retry past ``max_deliveries`` dead-letters instead. Whichever consumer received
+        them. Returns the ids that were not pending."""
+        self._require_acks()
         if settlement.reject:
             op, delay = "reject", "0"
         elif settlement.delay > 0:
@@ -334,21 +342,12 @@ class Consumer:
         queue = self.queue
         max_deliveries = "" if self.max_deliveries is None else str(self.max_deliveries)
         error = settlement.error or ""
-        args: list[str | int] = [
-            op,
-            queue.name,
-            self.name,
-            delay,
-            max_deliveries,
-            error,
-            message_id,
-        ]
-        unknown = await queue._run(
+        args: list[str | int] = [op, queue.name, self.name, delay, max_deliveries, error, *ids]
+        unknown: list[bytes] = await queue._run(
             lambda c: queue._bus.scripts.call(c, "settle", queue._keys.with_dead_letters(), args),
             idempotent=False,
         )
-        if unknown:
-            raise UnknownMessageError(queue.name, [int(u) for u in unknown])
+        return [int(u) for u in unknown]
 
     async def _flush_acks(self, ids: list[int]) -> list[int]:
         unknown: list[int] = await self.queue._ack_ids(ids)

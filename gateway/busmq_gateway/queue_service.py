@@ -21,12 +21,14 @@ from busmq import (
     Retention,
     UnknownMessageError,
 )
+from busmq.controls import Settlement
 from busmq.v1 import queue_service_pb2 as pb
 from busmq.v1 import queue_service_pb2_grpc as pb_grpc
 from busmq.v1 import types_pb2
 
 from .attachments import Attachments
 from .config import GatewaySettings
+from .controls import info_fields, push_timing, rate_limit, retry_policy
 from .convert import (
     check_push_many,
     consume_mode,
@@ -121,7 +123,10 @@ class QueueService(pb_grpc.QueueServiceServicer):
         encoded = outgoing_batch(request.messages, self._bus.settings.max_message_bytes)
         queue = self._bus.queue(request.queue)
         return await queue.push_encoded(
-            encoded, request_id=request.request_id or None, durability=request.durability or None
+            encoded,
+            request_id=request.request_id or None,
+            durability=request.durability or None,
+            **push_timing(request),
         )
 
     @unary
@@ -207,6 +212,8 @@ class QueueService(pb_grpc.QueueServiceServicer):
             from_id=from_id if mode is Mode.REPLAY else LATEST,
             prefetch=prefetch,
             visibility_timeout=visibility,
+            max_deliveries=request.max_deliveries or None,
+            retry_policy=retry_policy(request),
         )
 
     async def _deliveries(
@@ -260,11 +267,28 @@ class QueueService(pb_grpc.QueueServiceServicer):
     async def Nack(
         self, request: pb.NackRequest, context: grpc.aio.ServicerContext
     ) -> pb.NackResponse:
-        consumer = self._consumer(request.consumer_id)
-        if consumer.queue.name != request.queue:
+        consumer = self._consumer_of(request.queue, request.consumer_id)
+        delay = 0.0
+        if request.HasField("delay"):
+            delay = seconds(request.delay, "delay")
+        settlement = Settlement(delay=delay, error=request.error[:1024] or None)
+        unknown = await consumer.settle(list(request.ids), settlement)
+        return pb.NackResponse(unknown_ids=unknown)
+
+    @unary
+    async def Reject(
+        self, request: pb.RejectRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RejectResponse:
+        consumer = self._consumer_of(request.queue, request.consumer_id)
+        settlement = Settlement(reject=True, error=request.reason[:1024] or None)
+        unknown = await consumer.settle(list(request.ids), settlement)
+        return pb.RejectResponse(unknown_ids=unknown)
+
+    def _consumer_of(self, queue: str, consumer_id: str) -> Consumer:
+        consumer = self._consumer(consumer_id)
+        if consumer.queue.name != queue:
             raise RequestError("consumer_id belongs to another queue")
-        await consumer.nack(list(request.ids))
-        return pb.NackResponse()
+        return consumer
 
     def _consumer(self, consumer_id: str) -> Consumer:
         consumer = self._consumers.get(consumer_id)
@@ -286,13 +310,41 @@ class QueueService(pb_grpc.QueueServiceServicer):
                 "QUEUE_NOT_FOUND",
                 {"queue": request.queue},
             )
+        info = await queue.info()
         return pb.GetQueueResponse(
             queue=queue.name,
-            count=await queue.count(),
+            count=info.count,
             ttl=duration(ttl),
-            last_id=await queue.last_id(),
+            last_id=info.last_id,
             metadata=await queue.metadata(),
+            **info_fields(info),
         )
+
+    @unary
+    async def RequeueDead(
+        self, request: pb.RequeueDeadRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RequeueDeadResponse:
+        queue = self._bus.queue(request.queue)
+        ids = await queue.requeue_dead(list(request.ids) or None, limit=request.limit)
+        return pb.RequeueDeadResponse(ids=ids)
+
+    @unary
+    async def UpdateQueueControls(
+        self, request: pb.UpdateQueueControlsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.UpdateQueueControlsResponse:
+        queue = self._bus.queue(request.queue)
+        if request.remove_rate_limits and request.HasField("rate_limit"):
+            raise RequestError("give rate_limit or remove_rate_limits, not both")
+        limit = rate_limit(request.rate_limit) if request.HasField("rate_limit") else None
+        if request.HasField("paused"):
+            await (queue.pause() if request.paused else queue.resume())
+        if limit is not None or request.remove_rate_limits:
+            await queue.set_rate_limit(limit)
+        if request.HasField("max_deliveries"):
+            await queue.set_max_deliveries(request.max_deliveries or None)
+        if request.HasField("drop_expired"):
+            await queue.drop_expired(request.drop_expired)
+        return pb.UpdateQueueControlsResponse()
 
     @unary
     async def UpdateQueueMetadata(

@@ -45,16 +45,18 @@ import grpc
 
 from ..acks import AckBatcher
 from ..consumer import LATEST, Mode, handle_each
+from ..controls import RetryPolicy, Settlement
 from ..errors import (
     BusClosedError,
     BusError,
+    UnknownMessageError,
 )
 from ..events import Event
 from ..message import Delivery
 from ..v1 import queue_service_pb2 as pb
 from ..wire import MODE_TO_PROTO
 from .backoff import Backoff
-from .convert import Settle, delivery, duration
+from .convert import Control, Settle, delivery, duration
 from .errors import FederationUnauthorizedError, error_reason
 from .link import LinkState
 from .streams import StreamBroken, first_response, read
@@ -87,7 +89,15 @@ class FederatedConsumer:
         from_id: int,
         prefetch: int,
         visibility_timeout: float,
+        max_deliveries: int | None = None,
+        retry_policy: RetryPolicy | None = None,
     ) -> None:
+        if (max_deliveries is not None or retry_policy is not None) and (
+            mode is not Mode.AT_LEAST_ONCE
+        ):
+            raise ValueError("max_deliveries and retry_policy apply to at-least-once consumers")
+        if max_deliveries is not None and max_deliveries < 1:
+            raise ValueError(f"max_deliveries must be at least 1, got {max_deliveries}")
         if max is not None and max < 1:
             raise ValueError(f"max must be at least 1, got {max}")
         if prefetch < 1:  # the gateway enforces its own maximum (1000 by default)
@@ -101,6 +111,8 @@ class FederatedConsumer:
         self.max = max
         self.prefetch = prefetch
         self.visibility_timeout = visibility_timeout
+        self.max_deliveries = max_deliveries
+        self.retry_policy = retry_policy
         self.name = ""
         self.delivered = 0
         self.reconnects = 0
@@ -256,6 +268,40 @@ class FederatedConsumer:
 
         return settle
 
+    def _controller(self, consumer_id: str) -> Control:
+        """Nack with a delay or an error, and reject, through the stream's consumer."""
+
+        async def control(message_id: int, settlement: Settlement) -> None:
+            if settlement.reject:
+                method = "Reject"
+                request: Any = pb.RejectRequest(
+                    queue=self.queue.name,
+                    consumer_id=consumer_id,
+                    ids=[message_id],
+                    reason=settlement.error or "",
+                )
+            else:
+                method = "Nack"
+                request = pb.NackRequest(
+                    queue=self.queue.name,
+                    consumer_id=consumer_id,
+                    ids=[message_id],
+                    error=settlement.error or "",
+                )
+                if settlement.delay > 0:
+                    request.delay.CopyFrom(duration(settlement.delay))
+            try:
+                response = await self.queue._call(method, request, raw=True)
+            except grpc.aio.AioRpcError as exc:
+                # The stream that received it ended: the gateway has given it back.
+                if error_reason(exc) == "CONSUMER_NOT_FOUND":
+                    return
+                raise self.queue._error(exc) from None
+            if response.unknown_ids:
+                raise UnknownMessageError(self.queue.name, [int(i) for i in response.unknown_ids])
+
+        return control
+
     # -- the stream -----------------------------------------------------------------
 
     def _request(self) -> pb.ConsumeRequest:
@@ -270,6 +316,18 @@ class FederatedConsumer:
             request.max = self.max - self._received
         if self.mode is Mode.REPLAY:
             request.from_id = self._next_id
+        if self.max_deliveries is not None:
+            request.max_deliveries = self.max_deliveries
+        policy = self.retry_policy
+        if policy is not None:
+            request.retry_policy.CopyFrom(
+                pb.RetryPolicy(
+                    initial=duration(policy.initial),
+                    factor=policy.factor,
+                    max_delay=duration(policy.max_delay),
+                    jitter=policy.jitter,
+                )
+            )
         return request
 
     async def _open(self) -> Any:
@@ -345,7 +403,10 @@ class FederatedConsumer:
 
     async def _pump(self, call: Any) -> bool:
         """Move deliveries from the stream to the buffer; True when ``max`` is reached."""
-        settle = self._settler(self.name) if self.mode is Mode.AT_LEAST_ONCE else None
+        settle: Settle | None = None
+        control: Control | None = None
+        if self.mode is Mode.AT_LEAST_ONCE:
+            settle, control = self._settler(self.name), self._controller(self.name)
         replay = self.mode is Mode.REPLAY
         while True:
             response = await read(call, self.queue.link, self.queue._error)
@@ -363,7 +424,7 @@ class FederatedConsumer:
             # The whole batch goes in before waiting for room (the buffer may hold up to
             # prefetch + one batch): a stop while waiting then loses none of it.
             for message in received:
-                item = delivery(message, settle)
+                item = delivery(message, settle, control)
                 self._received += 1
                 if replay:
                     self._next_id = item.id + 1

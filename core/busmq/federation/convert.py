@@ -9,11 +9,13 @@ from typing import Any
 
 from google.protobuf import duration_pb2
 
+from ..controls import Settlement
 from ..message import NO_HEADERS, Delivery, EncodedMessage, Message, PayloadKind, encode
 from ..v1 import types_pb2
 from ..wire import KIND_FROM_PROTO, KIND_TO_PROTO
 
 Settle = Callable[[int, bool], Awaitable[None]]
+Control = Callable[[int, Settlement], Awaitable[None]]
 
 
 def outgoing(messages: Sequence[EncodedMessage]) -> list[dict[str, Any]]:
@@ -29,9 +31,12 @@ def outgoing(messages: Sequence[EncodedMessage]) -> list[dict[str, Any]]:
     return result
 
 
-def delivery(proto: types_pb2.Delivery, settle: Settle | None) -> Delivery:
-    """A core :class:`~busmq.Delivery` from a streamed one; ``settle`` backs ack/nack."""
-    return Delivery(message_from_proto(proto.message), proto.delivery_count or 1, settle)
+def delivery(
+    proto: types_pb2.Delivery, settle: Settle | None, control: Control | None = None
+) -> Delivery:
+    """A core :class:`~busmq.Delivery` from a streamed one; ``settle`` backs ack/nack,
+    ``control`` nack with a delay and reject."""
+    return Delivery(message_from_proto(proto.message), proto.delivery_count or 1, settle, control)
 
 
 def message_from_proto(proto: types_pb2.Message) -> Message:

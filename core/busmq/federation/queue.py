@@ -31,11 +31,13 @@ import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from ..consumer import LATEST, Mode
+from ..controls import RateLimit, RetryPolicy, due_ms, expires_ms
 from ..errors import (
     BusClosedError,
     BusError,
@@ -278,12 +280,18 @@ class FederatedQueue:
     # -- pushing --------------------------------------------------------------------
 
     async def push(
-        self, value: Payload, *, headers: Headers | None = None, request_id: str | None = None
+        self,
+        value: Payload,
+        *,
+        headers: Headers | None = None,
+        request_id: str | None = None,
+        **timing: Any,
     ) -> int | None:
         """Push one message; returns its id, or ``None`` if it waits in the outbox
         (durably; it will be forwarded in order). Raises ``OutboxFullError`` if it had
-        to wait and the outbox is full."""
-        ids = await self.push_batch([(value, headers)], request_id=request_id)
+        to wait and the outbox is full. ``delay``/``at`` and ``ttl``/``expires_at`` as
+        in :meth:`busmq.Queue.push` (a push kept in the outbox keeps its due time)."""
+        ids = await self.push_batch([(value, headers)], request_id=request_id, **timing)
         return None if ids is None else ids[0]
 
     async def push_batch(
@@ -291,16 +299,24 @@ class FederatedQueue:
         items: Iterable[Payload | tuple[Payload, Headers | None] | EncodedMessage],
         *,
         request_id: str | None = None,
+        **timing: Any,
     ) -> list[int] | None:
         """Push several messages atomically and in order; their ids, or ``None`` if
-        they wait in the outbox. Items as in :meth:`busmq.Queue.push_batch`."""
+        they wait in the outbox. Items and timing as in :meth:`busmq.Queue.push_batch`."""
         limit = self._manager.bus.settings.max_message_bytes
         encoded = [_encode_item(item, limit) for item in items]
-        result = await self.push_encoded(encoded, request_id=request_id)
+        result = await self.push_encoded(encoded, request_id=request_id, **timing)
         return None if result is None else result.ids
 
     async def push_encoded(
-        self, encoded: Sequence[EncodedMessage], *, request_id: str | None = None
+        self,
+        encoded: Sequence[EncodedMessage],
+        *,
+        request_id: str | None = None,
+        delay: float | None = None,
+        at: datetime | None = None,
+        ttl: float | None = None,
+        expires_at: datetime | None = None,
     ) -> PushResult | None:
         """Push encoded messages; a :class:`~busmq.PushResult`, or ``None`` if queued
         in the outbox."""
@@ -310,6 +326,7 @@ class FederatedQueue:
         request = pb.PushRequest(
             queue=self.name, messages=outgoing(encoded), request_id=checked_request_id(request_id)
         )
+        set_timing(request, delay, at, ttl, expires_at)
         response = await push_or_queue(self._manager, self.link, request, len(encoded))
         if response is None:
             return None
@@ -327,6 +344,8 @@ class FederatedQueue:
         from_id: int = LATEST,
         prefetch: int = 100,
         visibility_timeout: float = 30.0,
+        max_deliveries: int | None = None,
+        retry_policy: RetryPolicy | None = None,
     ) -> FederatedConsumer:
         """A resumable consumer; arguments as :meth:`busmq.Queue.consume`."""
         self._require_open()
@@ -337,6 +356,43 @@ class FederatedQueue:
             from_id=from_id,
             prefetch=prefetch,
             visibility_timeout=visibility_timeout,
+            max_deliveries=max_deliveries,
+            retry_policy=retry_policy,
+        )
+
+    # -- processing controls (see busmq.controls) --------------------------------------
+
+    async def requeue_dead(self, ids: Sequence[int] | None = None, *, limit: int = 0) -> list[int]:
+        """As :meth:`busmq.Queue.requeue_dead`."""
+        request = pb.RequeueDeadRequest(queue=self.name, ids=list(ids or []), limit=limit)
+        response = await self._call("RequeueDead", request)
+        return [int(i) for i in response.ids]
+
+    async def pause(self) -> None:
+        await self._controls(paused=True)
+
+    async def resume(self) -> None:
+        await self._controls(paused=False)
+
+    async def set_rate_limit(self, limit: RateLimit | None) -> None:
+        if limit is None:
+            await self._controls(remove_rate_limits=True)
+            return
+        await self._controls(
+            rate_limit=pb.RateLimit(
+                limit=limit.limit, per=duration(limit.per_seconds), key=limit.key or ""
+            )
+        )
+
+    async def set_max_deliveries(self, max_deliveries: int | None) -> None:
+        await self._controls(max_deliveries=max_deliveries or 0)
+
+    async def drop_expired(self, drop: bool = True) -> None:
+        await self._controls(drop_expired=drop)
+
+    async def _controls(self, **fields: Any) -> None:
+        await self._call(
+            "UpdateQueueControls", pb.UpdateQueueControlsRequest(queue=self.name, **fields)
         )
 
     async def ack(self, *ids: int) -> int:
@@ -459,6 +515,9 @@ async def push_or_queue(
             return await link.pushes.push(request)
         except AmbiguousPush:
             pass
+    # Kept for later: a delay or ttl becomes the time it meant, not one counted from
+    # whenever the outbox forwards it.
+    absolute_timing(request)
     payload = request.SerializeToString()
     await outbox.append(link.url, request.queue, request.request_id, count, payload)
     return None
@@ -474,3 +533,34 @@ def _encode_item(item: Any, limit: int) -> EncodedMessage:
             raise ValueError("a batch item is a value or a (value, headers) pair")
         return encode(item[0], item[1], limit)
     return encode(item, None, limit)
+
+
+def set_timing(
+    request: pb.PushRequest,
+    delay: float | None,
+    at: datetime | None,
+    ttl: float | None,
+    expires_at: datetime | None,
+) -> None:
+    """Delivery and expiry times on a push, checked as the core checks them."""
+    due_ms(delay, at)  # ValueError for both, negative, or naive datetimes
+    expires_ms(ttl, expires_at)
+    if delay:
+        request.delay.CopyFrom(duration(delay))
+    if at is not None:
+        request.deliver_at.FromDatetime(at)
+    if ttl is not None:
+        request.ttl.CopyFrom(duration(ttl))
+    if expires_at is not None:
+        request.expires_at.FromDatetime(expires_at)
+
+
+def absolute_timing(request: pb.PushRequest) -> None:
+    """Replace a relative delay/ttl by the time it means now."""
+    now = time.time()
+    if request.HasField("delay"):
+        request.deliver_at.FromNanoseconds(int((now + seconds(request.delay)) * 1e9))
+        request.ClearField("delay")
+    if request.HasField("ttl"):
+        request.expires_at.FromNanoseconds(int((now + seconds(request.ttl)) * 1e9))
+        request.ClearField("ttl")

@@ -130,10 +130,10 @@ local function dead_letter(q, dq, name, sid, fields, reason, count, now, error_t
   headers['busmq-dead-queue'] = name
   headers['busmq-dead-id'] = field(fields, 'i') or tostring(position(sid))
   headers['busmq-dead-deliveries'] = tostring(count)
-  headers['busmq-dead-at'] = tostring(now)
+  headers['busmq-dead-at'] = string.format('%d', now)
   if first then headers['busmq-dead-first-delivery'] = first end
   last = last or redis.call('HGET', q.state, 'l:' .. sid)
-  if last then headers['busmq-dead-last-delivery'] = last end
+  if last then headers['busmq-dead-last-delivery'] = string.format('%d', tonumber(last)) end
   error_text = error_text or redis.call('HGET', q.state, 'e:' .. sid)
   if error_text and error_text ~= '' then headers['busmq-dead-error'] = error_text end
   if redis.call('EXISTS', dq.info) == 0 then

@@ -68,7 +68,7 @@ if #entries > 0 and (conf[5] or conf[6]) then
     header, klimit, kper = string.match(conf[5], '^(.-) (%S+) (%S+)$')
     klimit, kper = tonumber(klimit), tonumber(kper)
   end
-  local kept = {}
+  local kept, tokens_of = {}, {}
   for i, entry in ipairs(entries) do
     local sid, fields = entry[1], entry[2]
     local expires = conf[6] and field(fields, 'e')
@@ -86,21 +86,24 @@ if #entries > 0 and (conf[5] or conf[6]) then
         dead_letter(q, dq, name, sid, fields, 'expired', 0, now, nil, nil)
       end
     elseif key then
-      local state = redis.call('HGET', q.buckets, key)
-      local have, at = klimit, now
-      if state then
-        local t, s = string.match(state, '^(%S+) (%S+)$')
-        have, at = tonumber(t), tonumber(s)
+      local have = tokens_of[key]
+      if not have then
+        local state = redis.call('HGET', q.buckets, key)
+        local at = now
+        have = klimit
+        if state then
+          local t, s = string.match(state, '^(%S+) (%S+)$')
+          have, at = tonumber(t), tonumber(s)
+        end
+        have = math.min(klimit, have + (now - at) * klimit / kper)
       end
-      have = math.min(klimit, have + (now - at) * klimit / kper)
+      tokens_of[key] = have - 1
       if have >= 1 then
-        redis.call('HSET', q.buckets, key, (have - 1) .. ' ' .. now)
         kept[#kept + 1] = entry
       else
         -- Not a delivery: it waits (keeping its count) for the token it reserves now,
         -- the bucket going below zero; later messages of the key queue up behind it.
         local ready = now + math.ceil((1 - have) * kper / klimit)
-        redis.call('HSET', q.buckets, key, (have - 1) .. ' ' .. now)
         park(q, sid, ready + i / 1000, 0, now)
         sooner(ready - now)
       end
@@ -109,6 +112,7 @@ if #entries > 0 and (conf[5] or conf[6]) then
     end
   end
   entries = kept
+  for key, have in pairs(tokens_of) do redis.call('HSET', q.buckets, key, have .. ' ' .. now) end
   if conf[5] then
     local pttl = redis.call('PTTL', q.info)
     if pttl > 0 then redis.call('PEXPIRE', q.buckets, pttl) end

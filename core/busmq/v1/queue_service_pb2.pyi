@@ -2,6 +2,7 @@ import datetime
 
 from busmq.v1 import types_pb2 as _types_pb2
 from google.protobuf import duration_pb2 as _duration_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.rpc import status_pb2 as _status_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
@@ -58,16 +59,24 @@ class DetachQueueResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class PushRequest(_message.Message):
-    __slots__ = ("queue", "messages", "request_id", "durability")
+    __slots__ = ("queue", "messages", "request_id", "durability", "delay", "deliver_at", "ttl", "expires_at")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     DURABILITY_FIELD_NUMBER: _ClassVar[int]
+    DELAY_FIELD_NUMBER: _ClassVar[int]
+    DELIVER_AT_FIELD_NUMBER: _ClassVar[int]
+    TTL_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
     queue: str
     messages: _containers.RepeatedCompositeFieldContainer[_types_pb2.OutgoingMessage]
     request_id: str
     durability: str
-    def __init__(self, queue: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_types_pb2.OutgoingMessage, _Mapping]]] = ..., request_id: _Optional[str] = ..., durability: _Optional[str] = ...) -> None: ...
+    delay: _duration_pb2.Duration
+    deliver_at: _timestamp_pb2.Timestamp
+    ttl: _duration_pb2.Duration
+    expires_at: _timestamp_pb2.Timestamp
+    def __init__(self, queue: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_types_pb2.OutgoingMessage, _Mapping]]] = ..., request_id: _Optional[str] = ..., durability: _Optional[str] = ..., delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., deliver_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class PushResponse(_message.Message):
     __slots__ = ("ids", "duplicate")
@@ -100,7 +109,7 @@ class PushOutcome(_message.Message):
     def __init__(self, result: _Optional[_Union[PushResponse, _Mapping]] = ..., error: _Optional[_Union[_status_pb2.Status, _Mapping]] = ...) -> None: ...
 
 class ConsumeRequest(_message.Message):
-    __slots__ = ("queue", "mode", "from_id", "from_latest", "max", "prefetch", "visibility_timeout", "batch")
+    __slots__ = ("queue", "mode", "from_id", "from_latest", "max", "prefetch", "visibility_timeout", "batch", "max_deliveries", "retry_policy")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     FROM_ID_FIELD_NUMBER: _ClassVar[int]
@@ -109,6 +118,8 @@ class ConsumeRequest(_message.Message):
     PREFETCH_FIELD_NUMBER: _ClassVar[int]
     VISIBILITY_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
+    MAX_DELIVERIES_FIELD_NUMBER: _ClassVar[int]
+    RETRY_POLICY_FIELD_NUMBER: _ClassVar[int]
     queue: str
     mode: _types_pb2.ConsumeMode
     from_id: int
@@ -117,7 +128,31 @@ class ConsumeRequest(_message.Message):
     prefetch: int
     visibility_timeout: _duration_pb2.Duration
     batch: bool
-    def __init__(self, queue: _Optional[str] = ..., mode: _Optional[_Union[_types_pb2.ConsumeMode, str]] = ..., from_id: _Optional[int] = ..., from_latest: _Optional[bool] = ..., max: _Optional[int] = ..., prefetch: _Optional[int] = ..., visibility_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., batch: _Optional[bool] = ...) -> None: ...
+    max_deliveries: int
+    retry_policy: RetryPolicy
+    def __init__(self, queue: _Optional[str] = ..., mode: _Optional[_Union[_types_pb2.ConsumeMode, str]] = ..., from_id: _Optional[int] = ..., from_latest: _Optional[bool] = ..., max: _Optional[int] = ..., prefetch: _Optional[int] = ..., visibility_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., batch: _Optional[bool] = ..., max_deliveries: _Optional[int] = ..., retry_policy: _Optional[_Union[RetryPolicy, _Mapping]] = ...) -> None: ...
+
+class RetryPolicy(_message.Message):
+    __slots__ = ("initial", "factor", "max_delay", "jitter")
+    INITIAL_FIELD_NUMBER: _ClassVar[int]
+    FACTOR_FIELD_NUMBER: _ClassVar[int]
+    MAX_DELAY_FIELD_NUMBER: _ClassVar[int]
+    JITTER_FIELD_NUMBER: _ClassVar[int]
+    initial: _duration_pb2.Duration
+    factor: float
+    max_delay: _duration_pb2.Duration
+    jitter: float
+    def __init__(self, initial: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., factor: _Optional[float] = ..., max_delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., jitter: _Optional[float] = ...) -> None: ...
+
+class RateLimit(_message.Message):
+    __slots__ = ("limit", "per", "key")
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    PER_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    limit: int
+    per: _duration_pb2.Duration
+    key: str
+    def __init__(self, limit: _Optional[int] = ..., per: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., key: _Optional[str] = ...) -> None: ...
 
 class ConsumeResponse(_message.Message):
     __slots__ = ("started", "delivery", "heartbeat", "state", "batch")
@@ -166,16 +201,76 @@ class AckResponse(_message.Message):
     def __init__(self, acked: _Optional[int] = ..., unknown_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class NackRequest(_message.Message):
-    __slots__ = ("queue", "consumer_id", "ids")
+    __slots__ = ("queue", "consumer_id", "ids", "delay", "error")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
     IDS_FIELD_NUMBER: _ClassVar[int]
+    DELAY_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
     queue: str
     consumer_id: str
     ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, queue: _Optional[str] = ..., consumer_id: _Optional[str] = ..., ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    delay: _duration_pb2.Duration
+    error: str
+    def __init__(self, queue: _Optional[str] = ..., consumer_id: _Optional[str] = ..., ids: _Optional[_Iterable[int]] = ..., delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., error: _Optional[str] = ...) -> None: ...
 
 class NackResponse(_message.Message):
+    __slots__ = ("unknown_ids",)
+    UNKNOWN_IDS_FIELD_NUMBER: _ClassVar[int]
+    unknown_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, unknown_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class RejectRequest(_message.Message):
+    __slots__ = ("queue", "consumer_id", "ids", "reason")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    consumer_id: str
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    reason: str
+    def __init__(self, queue: _Optional[str] = ..., consumer_id: _Optional[str] = ..., ids: _Optional[_Iterable[int]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class RejectResponse(_message.Message):
+    __slots__ = ("unknown_ids",)
+    UNKNOWN_IDS_FIELD_NUMBER: _ClassVar[int]
+    unknown_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, unknown_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class RequeueDeadRequest(_message.Message):
+    __slots__ = ("queue", "ids", "limit")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    limit: int
+    def __init__(self, queue: _Optional[str] = ..., ids: _Optional[_Iterable[int]] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class RequeueDeadResponse(_message.Message):
+    __slots__ = ("ids",)
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class UpdateQueueControlsRequest(_message.Message):
+    __slots__ = ("queue", "paused", "rate_limit", "remove_rate_limits", "max_deliveries", "drop_expired")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    RATE_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    REMOVE_RATE_LIMITS_FIELD_NUMBER: _ClassVar[int]
+    MAX_DELIVERIES_FIELD_NUMBER: _ClassVar[int]
+    DROP_EXPIRED_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    paused: bool
+    rate_limit: RateLimit
+    remove_rate_limits: bool
+    max_deliveries: int
+    drop_expired: bool
+    def __init__(self, queue: _Optional[str] = ..., paused: _Optional[bool] = ..., rate_limit: _Optional[_Union[RateLimit, _Mapping]] = ..., remove_rate_limits: _Optional[bool] = ..., max_deliveries: _Optional[int] = ..., drop_expired: _Optional[bool] = ...) -> None: ...
+
+class UpdateQueueControlsResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
@@ -186,7 +281,7 @@ class GetQueueRequest(_message.Message):
     def __init__(self, queue: _Optional[str] = ...) -> None: ...
 
 class GetQueueResponse(_message.Message):
-    __slots__ = ("queue", "count", "ttl", "last_id", "metadata")
+    __slots__ = ("queue", "count", "ttl", "last_id", "metadata", "pending", "delayed", "dead_letters", "paused", "rate_limit", "key_rate_limit", "max_deliveries", "drop_expired", "mode")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -199,12 +294,30 @@ class GetQueueResponse(_message.Message):
     TTL_FIELD_NUMBER: _ClassVar[int]
     LAST_ID_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    DELAYED_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTERS_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    RATE_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    KEY_RATE_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    MAX_DELIVERIES_FIELD_NUMBER: _ClassVar[int]
+    DROP_EXPIRED_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
     queue: str
     count: int
     ttl: _duration_pb2.Duration
     last_id: int
     metadata: _containers.ScalarMap[str, str]
-    def __init__(self, queue: _Optional[str] = ..., count: _Optional[int] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., last_id: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    pending: int
+    delayed: int
+    dead_letters: int
+    paused: bool
+    rate_limit: RateLimit
+    key_rate_limit: RateLimit
+    max_deliveries: int
+    drop_expired: bool
+    mode: str
+    def __init__(self, queue: _Optional[str] = ..., count: _Optional[int] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., last_id: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ..., pending: _Optional[int] = ..., delayed: _Optional[int] = ..., dead_letters: _Optional[int] = ..., paused: _Optional[bool] = ..., rate_limit: _Optional[_Union[RateLimit, _Mapping]] = ..., key_rate_limit: _Optional[_Union[RateLimit, _Mapping]] = ..., max_deliveries: _Optional[int] = ..., drop_expired: _Optional[bool] = ..., mode: _Optional[str] = ...) -> None: ...
 
 class UpdateQueueMetadataRequest(_message.Message):
     __slots__ = ("queue", "metadata")

@@ -79,6 +79,21 @@ class QueueServiceStub:
                 request_serializer=busmq_dot_v1_dot_queue__service__pb2.NackRequest.SerializeToString,
                 response_deserializer=busmq_dot_v1_dot_queue__service__pb2.NackResponse.FromString,
                 _registered_method=True)
+        self.Reject = channel.unary_unary(
+                '/busmq.v1.QueueService/Reject',
+                request_serializer=busmq_dot_v1_dot_queue__service__pb2.RejectRequest.SerializeToString,
+                response_deserializer=busmq_dot_v1_dot_queue__service__pb2.RejectResponse.FromString,
+                _registered_method=True)
+        self.RequeueDead = channel.unary_unary(
+                '/busmq.v1.QueueService/RequeueDead',
+                request_serializer=busmq_dot_v1_dot_queue__service__pb2.RequeueDeadRequest.SerializeToString,
+                response_deserializer=busmq_dot_v1_dot_queue__service__pb2.RequeueDeadResponse.FromString,
+                _registered_method=True)
+        self.UpdateQueueControls = channel.unary_unary(
+                '/busmq.v1.QueueService/UpdateQueueControls',
+                request_serializer=busmq_dot_v1_dot_queue__service__pb2.UpdateQueueControlsRequest.SerializeToString,
+                response_deserializer=busmq_dot_v1_dot_queue__service__pb2.UpdateQueueControlsResponse.FromString,
+                _registered_method=True)
         self.GetQueue = channel.unary_unary(
                 '/busmq.v1.QueueService/GetQueue',
                 request_serializer=busmq_dot_v1_dot_queue__service__pb2.GetQueueRequest.SerializeToString,
@@ -162,7 +177,29 @@ class QueueServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Nack(self, request, context):
-        """Gives at-least-once deliveries back for prompt redelivery.
+        """Gives at-least-once deliveries back for redelivery: at once, after `delay`, or as the
+        consumer's retry policy says; past max_deliveries they go to the dead-letter queue.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Reject(self, request, context):
+        """Moves at-least-once deliveries to the queue's dead-letter queue (`<queue>:dead`) now.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RequeueDead(self, request, context):
+        """Moves dead letters back into their queue as new messages.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateQueueControls(self, request, context):
+        """Changes a queue's processing controls: pause, rate limits, max deliveries, expiry.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -238,6 +275,21 @@ def add_QueueServiceServicer_to_server(servicer, server):
                     servicer.Nack,
                     request_deserializer=busmq_dot_v1_dot_queue__service__pb2.NackRequest.FromString,
                     response_serializer=busmq_dot_v1_dot_queue__service__pb2.NackResponse.SerializeToString,
+            ),
+            'Reject': grpc.unary_unary_rpc_method_handler(
+                    servicer.Reject,
+                    request_deserializer=busmq_dot_v1_dot_queue__service__pb2.RejectRequest.FromString,
+                    response_serializer=busmq_dot_v1_dot_queue__service__pb2.RejectResponse.SerializeToString,
+            ),
+            'RequeueDead': grpc.unary_unary_rpc_method_handler(
+                    servicer.RequeueDead,
+                    request_deserializer=busmq_dot_v1_dot_queue__service__pb2.RequeueDeadRequest.FromString,
+                    response_serializer=busmq_dot_v1_dot_queue__service__pb2.RequeueDeadResponse.SerializeToString,
+            ),
+            'UpdateQueueControls': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateQueueControls,
+                    request_deserializer=busmq_dot_v1_dot_queue__service__pb2.UpdateQueueControlsRequest.FromString,
+                    response_serializer=busmq_dot_v1_dot_queue__service__pb2.UpdateQueueControlsResponse.SerializeToString,
             ),
             'GetQueue': grpc.unary_unary_rpc_method_handler(
                     servicer.GetQueue,
@@ -481,6 +533,87 @@ class QueueService:
             '/busmq.v1.QueueService/Nack',
             busmq_dot_v1_dot_queue__service__pb2.NackRequest.SerializeToString,
             busmq_dot_v1_dot_queue__service__pb2.NackResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Reject(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/busmq.v1.QueueService/Reject',
+            busmq_dot_v1_dot_queue__service__pb2.RejectRequest.SerializeToString,
+            busmq_dot_v1_dot_queue__service__pb2.RejectResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RequeueDead(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/busmq.v1.QueueService/RequeueDead',
+            busmq_dot_v1_dot_queue__service__pb2.RequeueDeadRequest.SerializeToString,
+            busmq_dot_v1_dot_queue__service__pb2.RequeueDeadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateQueueControls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/busmq.v1.QueueService/UpdateQueueControls',
+            busmq_dot_v1_dot_queue__service__pb2.UpdateQueueControlsRequest.SerializeToString,
+            busmq_dot_v1_dot_queue__service__pb2.UpdateQueueControlsResponse.FromString,
             options,
             channel_credentials,
             insecure,

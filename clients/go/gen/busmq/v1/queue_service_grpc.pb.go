@@ -34,8 +34,15 @@ type QueueServiceClient interface {
 	Consume(ctx context.Context, in *ConsumeRequest, opts ...grpc.CallOption) (QueueService_ConsumeClient, error)
 	// Acknowledges at-least-once deliveries.
 	Ack(ctx context.Context, in *AckRequest, opts ...grpc.CallOption) (*AckResponse, error)
-	// Gives at-least-once deliveries back for prompt redelivery.
+	// Gives at-least-once deliveries back for redelivery: at once, after `delay`, or as the
+	// consumer's retry policy says; past max_deliveries they go to the dead-letter queue.
 	Nack(ctx context.Context, in *NackRequest, opts ...grpc.CallOption) (*NackResponse, error)
+	// Moves at-least-once deliveries to the queue's dead-letter queue (`<queue>:dead`) now.
+	Reject(ctx context.Context, in *RejectRequest, opts ...grpc.CallOption) (*RejectResponse, error)
+	// Moves dead letters back into their queue as new messages.
+	RequeueDead(ctx context.Context, in *RequeueDeadRequest, opts ...grpc.CallOption) (*RequeueDeadResponse, error)
+	// Changes a queue's processing controls: pause, rate limits, max deliveries, expiry.
+	UpdateQueueControls(ctx context.Context, in *UpdateQueueControlsRequest, opts ...grpc.CallOption) (*UpdateQueueControlsResponse, error)
 	// Returns a queue's counters, ttl and metadata.
 	GetQueue(ctx context.Context, in *GetQueueRequest, opts ...grpc.CallOption) (*GetQueueResponse, error)
 	// Sets metadata fields of a queue.
@@ -149,6 +156,33 @@ func (c *queueServiceClient) Nack(ctx context.Context, in *NackRequest, opts ...
 	return out, nil
 }
 
+func (c *queueServiceClient) Reject(ctx context.Context, in *RejectRequest, opts ...grpc.CallOption) (*RejectResponse, error) {
+	out := new(RejectResponse)
+	err := c.cc.Invoke(ctx, "/busmq.v1.QueueService/Reject", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *queueServiceClient) RequeueDead(ctx context.Context, in *RequeueDeadRequest, opts ...grpc.CallOption) (*RequeueDeadResponse, error) {
+	out := new(RequeueDeadResponse)
+	err := c.cc.Invoke(ctx, "/busmq.v1.QueueService/RequeueDead", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *queueServiceClient) UpdateQueueControls(ctx context.Context, in *UpdateQueueControlsRequest, opts ...grpc.CallOption) (*UpdateQueueControlsResponse, error) {
+	out := new(UpdateQueueControlsResponse)
+	err := c.cc.Invoke(ctx, "/busmq.v1.QueueService/UpdateQueueControls", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *queueServiceClient) GetQueue(ctx context.Context, in *GetQueueRequest, opts ...grpc.CallOption) (*GetQueueResponse, error) {
 	out := new(GetQueueResponse)
 	err := c.cc.Invoke(ctx, "/busmq.v1.QueueService/GetQueue", in, out, opts...)
@@ -206,8 +240,15 @@ type QueueServiceServer interface {
 	Consume(*ConsumeRequest, QueueService_ConsumeServer) error
 	// Acknowledges at-least-once deliveries.
 	Ack(context.Context, *AckRequest) (*AckResponse, error)
-	// Gives at-least-once deliveries back for prompt redelivery.
+	// Gives at-least-once deliveries back for redelivery: at once, after `delay`, or as the
+	// consumer's retry policy says; past max_deliveries they go to the dead-letter queue.
 	Nack(context.Context, *NackRequest) (*NackResponse, error)
+	// Moves at-least-once deliveries to the queue's dead-letter queue (`<queue>:dead`) now.
+	Reject(context.Context, *RejectRequest) (*RejectResponse, error)
+	// Moves dead letters back into their queue as new messages.
+	RequeueDead(context.Context, *RequeueDeadRequest) (*RequeueDeadResponse, error)
+	// Changes a queue's processing controls: pause, rate limits, max deliveries, expiry.
+	UpdateQueueControls(context.Context, *UpdateQueueControlsRequest) (*UpdateQueueControlsResponse, error)
 	// Returns a queue's counters, ttl and metadata.
 	GetQueue(context.Context, *GetQueueRequest) (*GetQueueResponse, error)
 	// Sets metadata fields of a queue.
@@ -246,6 +287,15 @@ func (UnimplementedQueueServiceServer) Ack(context.Context, *AckRequest) (*AckRe
 }
 func (UnimplementedQueueServiceServer) Nack(context.Context, *NackRequest) (*NackResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Nack not implemented")
+}
+func (UnimplementedQueueServiceServer) Reject(context.Context, *RejectRequest) (*RejectResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Reject not implemented")
+}
+func (UnimplementedQueueServiceServer) RequeueDead(context.Context, *RequeueDeadRequest) (*RequeueDeadResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method RequeueDead not implemented")
+}
+func (UnimplementedQueueServiceServer) UpdateQueueControls(context.Context, *UpdateQueueControlsRequest) (*UpdateQueueControlsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method UpdateQueueControls not implemented")
 }
 func (UnimplementedQueueServiceServer) GetQueue(context.Context, *GetQueueRequest) (*GetQueueResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method GetQueue not implemented")
@@ -419,6 +469,60 @@ func _QueueService_Nack_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _QueueService_Reject_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RejectRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(QueueServiceServer).Reject(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/busmq.v1.QueueService/Reject",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(QueueServiceServer).Reject(ctx, req.(*RejectRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _QueueService_RequeueDead_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RequeueDeadRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(QueueServiceServer).RequeueDead(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/busmq.v1.QueueService/RequeueDead",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(QueueServiceServer).RequeueDead(ctx, req.(*RequeueDeadRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _QueueService_UpdateQueueControls_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UpdateQueueControlsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(QueueServiceServer).UpdateQueueControls(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/busmq.v1.QueueService/UpdateQueueControls",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(QueueServiceServer).UpdateQueueControls(ctx, req.(*UpdateQueueControlsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _QueueService_GetQueue_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(GetQueueRequest)
 	if err := dec(in); err != nil {
@@ -522,6 +626,18 @@ var _QueueService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Nack",
 			Handler:    _QueueService_Nack_Handler,
+		},
+		{
+			MethodName: "Reject",
+			Handler:    _QueueService_Reject_Handler,
+		},
+		{
+			MethodName: "RequeueDead",
+			Handler:    _QueueService_RequeueDead_Handler,
+		},
+		{
+			MethodName: "UpdateQueueControls",
+			Handler:    _QueueService_UpdateQueueControls_Handler,
 		},
 		{
 			MethodName: "GetQueue",

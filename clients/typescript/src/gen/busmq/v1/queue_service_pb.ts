@@ -6,8 +6,8 @@ import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegen
 import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import type { ConsumeMode, Delivery, Heartbeat, OutgoingMessage, StateEvent } from "./types_pb.js";
 import { file_busmq_v1_types } from "./types_pb.js";
-import type { Duration } from "@bufbuild/protobuf/wkt";
-import { file_google_protobuf_duration } from "@bufbuild/protobuf/wkt";
+import type { Duration, Timestamp } from "@bufbuild/protobuf/wkt";
+import { file_google_protobuf_duration, file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
 import type { Status } from "../../google/rpc/status_pb.js";
 import { file_google_rpc_status } from "../../google/rpc/status_pb.js";
 import type { Message } from "@bufbuild/protobuf";
@@ -16,7 +16,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file busmq/v1/queue_service.proto.
  */
 export const file_busmq_v1_queue_service: GenFile = /*@__PURE__*/
-  fileDesc("ChxidXNtcS92MS9xdWV1ZV9zZXJ2aWNlLnByb3RvEghidXNtcS52MSK8AQoSQXR0YWNoUXVldWVSZXF1ZXN0Eg0KBXF1ZXVlGAEgASgJEiYKA3R0bBgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhISCgptYXhfbGVuZ3RoGAMgASgEEioKB21heF9hZ2UYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SEwoLbWF4X2JhY2tsb2cYBSABKAQSGgoScmVtb3ZlX21heF9iYWNrbG9nGAYgASgIInAKE0F0dGFjaFF1ZXVlUmVzcG9uc2USFQoNYXR0YWNobWVudF9pZBgBIAEoCRIPCgdjcmVhdGVkGAIgASgIEjEKDmxlYXNlX2R1cmF0aW9uGAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIi8KFlJlbmV3QXR0YWNobWVudFJlcXVlc3QSFQoNYXR0YWNobWVudF9pZBgBIAEoCSIZChdSZW5ld0F0dGFjaG1lbnRSZXNwb25zZSIrChJEZXRhY2hRdWV1ZVJlcXVlc3QSFQoNYXR0YWNobWVudF9pZBgBIAEoCSIVChNEZXRhY2hRdWV1ZVJlc3BvbnNlInEKC1B1c2hSZXF1ZXN0Eg0KBXF1ZXVlGAEgASgJEisKCG1lc3NhZ2VzGAIgAygLMhkuYnVzbXEudjEuT3V0Z29pbmdNZXNzYWdlEhIKCnJlcXVlc3RfaWQYAyABKAkSEgoKZHVyYWJpbGl0eRgEIAEoCSIuCgxQdXNoUmVzcG9uc2USCwoDaWRzGAEgAygEEhEKCWR1cGxpY2F0ZRgCIAEoCCJXCg9QdXNoTWFueVJlcXVlc3QSJQoGcHVzaGVzGAEgAygLMhUuYnVzbXEudjEuUHVzaFJlcXVlc3QSHQoVc3RvcF9xdWV1ZV9hdF9mYWlsdXJlGAIgASgIIjsKEFB1c2hNYW55UmVzcG9uc2USJwoIb3V0Y29tZXMYASADKAsyFS5idXNtcS52MS5QdXNoT3V0Y29tZSJnCgtQdXNoT3V0Y29tZRIoCgZyZXN1bHQYASABKAsyFi5idXNtcS52MS5QdXNoUmVzcG9uc2VIABIjCgVlcnJvchgCIAEoCzISLmdvb2dsZS5ycGMuU3RhdHVzSABCCQoHb3V0Y29tZSLPAQoOQ29uc3VtZVJlcXVlc3QSDQoFcXVldWUYASABKAkSIwoEbW9kZRgCIAEoDjIVLmJ1c21xLnYxLkNvbnN1bWVNb2RlEg8KB2Zyb21faWQYAyABKAQSEwoLZnJvbV9sYXRlc3QYBCABKAgSCwoDbWF4GAUgASgEEhAKCHByZWZldGNoGAYgASgNEjUKEnZpc2liaWxpdHlfdGltZW91dBgHIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhINCgViYXRjaBgIIAEoCCLqAQoPQ29uc3VtZVJlc3BvbnNlEisKB3N0YXJ0ZWQYASABKAsyGC5idXNtcS52MS5Db25zdW1lU3RhcnRlZEgAEiYKCGRlbGl2ZXJ5GAIgASgLMhIuYnVzbXEudjEuRGVsaXZlcnlIABIoCgloZWFydGJlYXQYAyABKAsyEy5idXNtcS52MS5IZWFydGJlYXRIABIlCgVzdGF0ZRgEIAEoCzIULmJ1c21xLnYxLlN0YXRlRXZlbnRIABIoCgViYXRjaBgFIAEoCzIXLmJ1c21xLnYxLkRlbGl2ZXJ5QmF0Y2hIAEIHCgVldmVudCI3Cg1EZWxpdmVyeUJhdGNoEiYKCmRlbGl2ZXJpZXMYASADKAsyEi5idXNtcS52MS5EZWxpdmVyeSIlCg5Db25zdW1lU3RhcnRlZBITCgtjb25zdW1lcl9pZBgBIAEoCSJPCgpBY2tSZXF1ZXN0Eg0KBXF1ZXVlGAEgASgJEgsKA2lkcxgCIAMoBBIQCgh1cF90b19pZBgDIAEoBBITCgtjb25zdW1lcl9pZBgEIAEoCSIxCgtBY2tSZXNwb25zZRINCgVhY2tlZBgBIAEoBBITCgt1bmtub3duX2lkcxgCIAMoBCI+CgtOYWNrUmVxdWVzdBINCgVxdWV1ZRgBIAEoCRITCgtjb25zdW1lcl9pZBgCIAEoCRILCgNpZHMYAyADKAQiDgoMTmFja1Jlc3BvbnNlIiAKD0dldFF1ZXVlUmVxdWVzdBINCgVxdWV1ZRgBIAEoCSLWAQoQR2V0UXVldWVSZXNwb25zZRINCgVxdWV1ZRgBIAEoCRINCgVjb3VudBgCIAEoBBImCgN0dGwYAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SDwoHbGFzdF9pZBgEIAEoBBI6CghtZXRhZGF0YRgFIAMoCzIoLmJ1c21xLnYxLkdldFF1ZXVlUmVzcG9uc2UuTWV0YWRhdGFFbnRyeRovCg1NZXRhZGF0YUVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiogEKGlVwZGF0ZVF1ZXVlTWV0YWRhdGFSZXF1ZXN0Eg0KBXF1ZXVlGAEgASgJEkQKCG1ldGFkYXRhGAIgAygLMjIuYnVzbXEudjEuVXBkYXRlUXVldWVNZXRhZGF0YVJlcXVlc3QuTWV0YWRhdGFFbnRyeRovCg1NZXRhZGF0YUVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiHQobVXBkYXRlUXVldWVNZXRhZGF0YVJlc3BvbnNlIiIKEUZsdXNoUXVldWVSZXF1ZXN0Eg0KBXF1ZXVlGAEgASgJIhQKEkZsdXNoUXVldWVSZXNwb25zZSIiChFDbG9zZVF1ZXVlUmVxdWVzdBINCgVxdWV1ZRgBIAEoCSIUChJDbG9zZVF1ZXVlUmVzcG9uc2Uy3gYKDFF1ZXVlU2VydmljZRJKCgtBdHRhY2hRdWV1ZRIcLmJ1c21xLnYxLkF0dGFjaFF1ZXVlUmVxdWVzdBodLmJ1c21xLnYxLkF0dGFjaFF1ZXVlUmVzcG9uc2USVgoPUmVuZXdBdHRhY2htZW50EiAuYnVzbXEudjEuUmVuZXdBdHRhY2htZW50UmVxdWVzdBohLmJ1c21xLnYxLlJlbmV3QXR0YWNobWVudFJlc3BvbnNlEkoKC0RldGFjaFF1ZXVlEhwuYnVzbXEudjEuRGV0YWNoUXVldWVSZXF1ZXN0Gh0uYnVzbXEudjEuRGV0YWNoUXVldWVSZXNwb25zZRI1CgRQdXNoEhUuYnVzbXEudjEuUHVzaFJlcXVlc3QaFi5idXNtcS52MS5QdXNoUmVzcG9uc2USQQoIUHVzaE1hbnkSGS5idXNtcS52MS5QdXNoTWFueVJlcXVlc3QaGi5idXNtcS52MS5QdXNoTWFueVJlc3BvbnNlEkAKB0NvbnN1bWUSGC5idXNtcS52MS5Db25zdW1lUmVxdWVzdBoZLmJ1c21xLnYxLkNvbnN1bWVSZXNwb25zZTABEjIKA0FjaxIULmJ1c21xLnYxLkFja1JlcXVlc3QaFS5idXNtcS52MS5BY2tSZXNwb25zZRI1CgROYWNrEhUuYnVzbXEudjEuTmFja1JlcXVlc3QaFi5idXNtcS52MS5OYWNrUmVzcG9uc2USQQoIR2V0UXVldWUSGS5idXNtcS52MS5HZXRRdWV1ZVJlcXVlc3QaGi5idXNtcS52MS5HZXRRdWV1ZVJlc3BvbnNlEmIKE1VwZGF0ZVF1ZXVlTWV0YWRhdGESJC5idXNtcS52MS5VcGRhdGVRdWV1ZU1ldGFkYXRhUmVxdWVzdBolLmJ1c21xLnYxLlVwZGF0ZVF1ZXVlTWV0YWRhdGFSZXNwb25zZRJHCgpGbHVzaFF1ZXVlEhsuYnVzbXEudjEuRmx1c2hRdWV1ZVJlcXVlc3QaHC5idXNtcS52MS5GbHVzaFF1ZXVlUmVzcG9uc2USRwoKQ2xvc2VRdWV1ZRIbLmJ1c21xLnYxLkNsb3NlUXVldWVSZXF1ZXN0GhwuYnVzbXEudjEuQ2xvc2VRdWV1ZVJlc3BvbnNlYgZwcm90bzM", [file_busmq_v1_types, file_google_protobuf_duration, file_google_rpc_status]);
+  fileDesc("ChxidXNtcS92MS9xdWV1ZV9zZXJ2aWNlLnByb3RvEghidXNtcS52MSK8AQoSQXR0YWNoUXVldWVSZXF1ZXN0Eg0KBXF1ZXVlGAEgASgJEiYKA3R0bBgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhISCgptYXhfbGVuZ3RoGAMgASgEEioKB21heF9hZ2UYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SEwoLbWF4X2JhY2tsb2cYBSABKAQSGgoScmVtb3ZlX21heF9iYWNrbG9nGAYgASgIInAKE0F0dGFjaFF1ZXVlUmVzcG9uc2USFQoNYXR0YWNobWVudF9pZBgBIAEoCRIPCgdjcmVhdGVkGAIgASgIEjEKDmxlYXNlX2R1cmF0aW9uGAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIi8KFlJlbmV3QXR0YWNobWVudFJlcXVlc3QSFQoNYXR0YWNobWVudF9pZBgBIAEoCSIZChdSZW5ld0F0dGFjaG1lbnRSZXNwb25zZSIrChJEZXRhY2hRdWV1ZVJlcXVlc3QSFQoNYXR0YWNobWVudF9pZBgBIAEoCSIVChNEZXRhY2hRdWV1ZVJlc3BvbnNlIqMCCgtQdXNoUmVxdWVzdBINCgVxdWV1ZRgBIAEoCRIrCghtZXNzYWdlcxgCIAMoCzIZLmJ1c21xLnYxLk91dGdvaW5nTWVzc2FnZRISCgpyZXF1ZXN0X2lkGAMgASgJEhIKCmR1cmFiaWxpdHkYBCABKAkSKAoFZGVsYXkYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SLgoKZGVsaXZlcl9hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASJgoDdHRsGAcgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEi4KCmV4cGlyZXNfYXQYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIi4KDFB1c2hSZXNwb25zZRILCgNpZHMYASADKAQSEQoJZHVwbGljYXRlGAIgASgIIlcKD1B1c2hNYW55UmVxdWVzdBIlCgZwdXNoZXMYASADKAsyFS5idXNtcS52MS5QdXNoUmVxdWVzdBIdChVzdG9wX3F1ZXVlX2F0X2ZhaWx1cmUYAiABKAgiOwoQUHVzaE1hbnlSZXNwb25zZRInCghvdXRjb21lcxgBIAMoCzIVLmJ1c21xLnYxLlB1c2hPdXRjb21lImcKC1B1c2hPdXRjb21lEigKBnJlc3VsdBgBIAEoCzIWLmJ1c21xLnYxLlB1c2hSZXNwb25zZUgAEiMKBWVycm9yGAIgASgLMhIuZ29vZ2xlLnJwYy5TdGF0dXNIAEIJCgdvdXRjb21lIpQCCg5Db25zdW1lUmVxdWVzdBINCgVxdWV1ZRgBIAEoCRIjCgRtb2RlGAIgASgOMhUuYnVzbXEudjEuQ29uc3VtZU1vZGUSDwoHZnJvbV9pZBgDIAEoBBITCgtmcm9tX2xhdGVzdBgEIAEoCBILCgNtYXgYBSABKAQSEAoIcHJlZmV0Y2gYBiABKA0SNQoSdmlzaWJpbGl0eV90aW1lb3V0GAcgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg0KBWJhdGNoGAggASgIEhYKDm1heF9kZWxpdmVyaWVzGAkgASgNEisKDHJldHJ5X3BvbGljeRgKIAEoCzIVLmJ1c21xLnYxLlJldHJ5UG9saWN5IocBCgtSZXRyeVBvbGljeRIqCgdpbml0aWFsGAEgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg4KBmZhY3RvchgCIAEoARIsCgltYXhfZGVsYXkYAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SDgoGaml0dGVyGAQgASgBIk8KCVJhdGVMaW1pdBINCgVsaW1pdBgBIAEoDRImCgNwZXIYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SCwoDa2V5GAMgASgJIuoBCg9Db25zdW1lUmVzcG9uc2USKwoHc3RhcnRlZBgBIAEoCzIYLmJ1c21xLnYxLkNvbnN1bWVTdGFydGVkSAASJgoIZGVsaXZlcnkYAiABKAsyEi5idXNtcS52MS5EZWxpdmVyeUgAEigKCWhlYXJ0YmVhdBgDIAEoCzITLmJ1c21xLnYxLkhlYXJ0YmVhdEgAEiUKBXN0YXRlGAQgASgLMhQuYnVzbXEudjEuU3RhdGVFdmVudEgAEigKBWJhdGNoGAUgASgLMhcuYnVzbXEudjEuRGVsaXZlcnlCYXRjaEgAQgcKBWV2ZW50IjcKDURlbGl2ZXJ5QmF0Y2gSJgoKZGVsaXZlcmllcxgBIAMoCzISLmJ1c21xLnYxLkRlbGl2ZXJ5IiUKDkNvbnN1bWVTdGFydGVkEhMKC2NvbnN1bWVyX2lkGAEgASgJIk8KCkFja1JlcXVlc3QSDQoFcXVldWUYASABKAkSCwoDaWRzGAIgAygEEhAKCHVwX3RvX2lkGAMgASgEEhMKC2NvbnN1bWVyX2lkGAQgASgJIjEKC0Fja1Jlc3BvbnNlEg0KBWFja2VkGAEgASgEEhMKC3Vua25vd25faWRzGAIgAygEIncKC05hY2tSZXF1ZXN0Eg0KBXF1ZXVlGAEgASgJEhMKC2NvbnN1bWVyX2lkGAIgASgJEgsKA2lkcxgDIAMoBBIoCgVkZWxheRgEIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhINCgVlcnJvchgFIAEoCSIjCgxOYWNrUmVzcG9uc2USEwoLdW5rbm93bl9pZHMYASADKAQiUAoNUmVqZWN0UmVxdWVzdBINCgVxdWV1ZRgBIAEoCRITCgtjb25zdW1lcl9pZBgCIAEoCRILCgNpZHMYAyADKAQSDgoGcmVhc29uGAQgASgJIiUKDlJlamVjdFJlc3BvbnNlEhMKC3Vua25vd25faWRzGAEgAygEIj8KElJlcXVldWVEZWFkUmVxdWVzdBINCgVxdWV1ZRgBIAEoCRILCgNpZHMYAiADKAQSDQoFbGltaXQYAyABKAQiIgoTUmVxdWV1ZURlYWRSZXNwb25zZRILCgNpZHMYASADKAQi7AEKGlVwZGF0ZVF1ZXVlQ29udHJvbHNSZXF1ZXN0Eg0KBXF1ZXVlGAEgASgJEhMKBnBhdXNlZBgCIAEoCEgAiAEBEicKCnJhdGVfbGltaXQYAyABKAsyEy5idXNtcS52MS5SYXRlTGltaXQSGgoScmVtb3ZlX3JhdGVfbGltaXRzGAQgASgIEhsKDm1heF9kZWxpdmVyaWVzGAUgASgNSAGIAQESGQoMZHJvcF9leHBpcmVkGAYgASgISAKIAQFCCQoHX3BhdXNlZEIRCg9fbWF4X2RlbGl2ZXJpZXNCDwoNX2Ryb3BfZXhwaXJlZCIdChtVcGRhdGVRdWV1ZUNvbnRyb2xzUmVzcG9uc2UiIAoPR2V0UXVldWVSZXF1ZXN0Eg0KBXF1ZXVlGAEgASgJIrADChBHZXRRdWV1ZVJlc3BvbnNlEg0KBXF1ZXVlGAEgASgJEg0KBWNvdW50GAIgASgEEiYKA3R0bBgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIPCgdsYXN0X2lkGAQgASgEEjoKCG1ldGFkYXRhGAUgAygLMiguYnVzbXEudjEuR2V0UXVldWVSZXNwb25zZS5NZXRhZGF0YUVudHJ5Eg8KB3BlbmRpbmcYBiABKAQSDwoHZGVsYXllZBgHIAEoBBIUCgxkZWFkX2xldHRlcnMYCCABKAQSDgoGcGF1c2VkGAkgASgIEicKCnJhdGVfbGltaXQYCiABKAsyEy5idXNtcS52MS5SYXRlTGltaXQSKwoOa2V5X3JhdGVfbGltaXQYCyABKAsyEy5idXNtcS52MS5SYXRlTGltaXQSFgoObWF4X2RlbGl2ZXJpZXMYDCABKA0SFAoMZHJvcF9leHBpcmVkGA0gASgIEgwKBG1vZGUYDiABKAkaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIqIBChpVcGRhdGVRdWV1ZU1ldGFkYXRhUmVxdWVzdBINCgVxdWV1ZRgBIAEoCRJECghtZXRhZGF0YRgCIAMoCzIyLmJ1c21xLnYxLlVwZGF0ZVF1ZXVlTWV0YWRhdGFSZXF1ZXN0Lk1ldGFkYXRhRW50cnkaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIh0KG1VwZGF0ZVF1ZXVlTWV0YWRhdGFSZXNwb25zZSIiChFGbHVzaFF1ZXVlUmVxdWVzdBINCgVxdWV1ZRgBIAEoCSIUChJGbHVzaFF1ZXVlUmVzcG9uc2UiIgoRQ2xvc2VRdWV1ZVJlcXVlc3QSDQoFcXVldWUYASABKAkiFAoSQ2xvc2VRdWV1ZVJlc3BvbnNlMssICgxRdWV1ZVNlcnZpY2USSgoLQXR0YWNoUXVldWUSHC5idXNtcS52MS5BdHRhY2hRdWV1ZVJlcXVlc3QaHS5idXNtcS52MS5BdHRhY2hRdWV1ZVJlc3BvbnNlElYKD1JlbmV3QXR0YWNobWVudBIgLmJ1c21xLnYxLlJlbmV3QXR0YWNobWVudFJlcXVlc3QaIS5idXNtcS52MS5SZW5ld0F0dGFjaG1lbnRSZXNwb25zZRJKCgtEZXRhY2hRdWV1ZRIcLmJ1c21xLnYxLkRldGFjaFF1ZXVlUmVxdWVzdBodLmJ1c21xLnYxLkRldGFjaFF1ZXVlUmVzcG9uc2USNQoEUHVzaBIVLmJ1c21xLnYxLlB1c2hSZXF1ZXN0GhYuYnVzbXEudjEuUHVzaFJlc3BvbnNlEkEKCFB1c2hNYW55EhkuYnVzbXEudjEuUHVzaE1hbnlSZXF1ZXN0GhouYnVzbXEudjEuUHVzaE1hbnlSZXNwb25zZRJACgdDb25zdW1lEhguYnVzbXEudjEuQ29uc3VtZVJlcXVlc3QaGS5idXNtcS52MS5Db25zdW1lUmVzcG9uc2UwARIyCgNBY2sSFC5idXNtcS52MS5BY2tSZXF1ZXN0GhUuYnVzbXEudjEuQWNrUmVzcG9uc2USNQoETmFjaxIVLmJ1c21xLnYxLk5hY2tSZXF1ZXN0GhYuYnVzbXEudjEuTmFja1Jlc3BvbnNlEjsKBlJlamVjdBIXLmJ1c21xLnYxLlJlamVjdFJlcXVlc3QaGC5idXNtcS52MS5SZWplY3RSZXNwb25zZRJKCgtSZXF1ZXVlRGVhZBIcLmJ1c21xLnYxLlJlcXVldWVEZWFkUmVxdWVzdBodLmJ1c21xLnYxLlJlcXVldWVEZWFkUmVzcG9uc2USYgoTVXBkYXRlUXVldWVDb250cm9scxIkLmJ1c21xLnYxLlVwZGF0ZVF1ZXVlQ29udHJvbHNSZXF1ZXN0GiUuYnVzbXEudjEuVXBkYXRlUXVldWVDb250cm9sc1Jlc3BvbnNlEkEKCEdldFF1ZXVlEhkuYnVzbXEudjEuR2V0UXVldWVSZXF1ZXN0GhouYnVzbXEudjEuR2V0UXVldWVSZXNwb25zZRJiChNVcGRhdGVRdWV1ZU1ldGFkYXRhEiQuYnVzbXEudjEuVXBkYXRlUXVldWVNZXRhZGF0YVJlcXVlc3QaJS5idXNtcS52MS5VcGRhdGVRdWV1ZU1ldGFkYXRhUmVzcG9uc2USRwoKRmx1c2hRdWV1ZRIbLmJ1c21xLnYxLkZsdXNoUXVldWVSZXF1ZXN0GhwuYnVzbXEudjEuRmx1c2hRdWV1ZVJlc3BvbnNlEkcKCkNsb3NlUXVldWUSGy5idXNtcS52MS5DbG9zZVF1ZXVlUmVxdWVzdBocLmJ1c21xLnYxLkNsb3NlUXVldWVSZXNwb25zZWIGcHJvdG8z", [file_busmq_v1_types, file_google_protobuf_duration, file_google_protobuf_timestamp, file_google_rpc_status]);
 
 /**
  * @generated from message busmq.v1.AttachQueueRequest
@@ -197,6 +197,34 @@ export type PushRequest = Message<"busmq.v1.PushRequest"> & {
    * @generated from field: string durability = 4;
    */
   durability: string;
+
+  /**
+   * Deliver the messages this long after the push (by Redis's clock); ids are issued
+   * now. Exclusive with deliver_at.
+   *
+   * @generated from field: google.protobuf.Duration delay = 5;
+   */
+  delay?: Duration;
+
+  /**
+   * Deliver the messages at this time.
+   *
+   * @generated from field: google.protobuf.Timestamp deliver_at = 6;
+   */
+  deliverAt?: Timestamp;
+
+  /**
+   * Messages not delivered within this time expire: they go to the dead-letter queue
+   * with reason "expired", or are dropped if the queue says so. Exclusive with expires_at.
+   *
+   * @generated from field: google.protobuf.Duration ttl = 7;
+   */
+  ttl?: Duration;
+
+  /**
+   * @generated from field: google.protobuf.Timestamp expires_at = 8;
+   */
+  expiresAt?: Timestamp;
 };
 
 /**
@@ -371,6 +399,22 @@ export type ConsumeRequest = Message<"busmq.v1.ConsumeRequest"> & {
    * @generated from field: bool batch = 8;
    */
   batch: boolean;
+
+  /**
+   * At-least-once: a message delivered this many times without an ack goes to the
+   * dead-letter queue (0: the queue's setting).
+   *
+   * @generated from field: uint32 max_deliveries = 9;
+   */
+  maxDeliveries: number;
+
+  /**
+   * At-least-once: how long a nacked delivery waits before it is delivered again
+   * (unset: at once, or the delay the Nack gives).
+   *
+   * @generated from field: busmq.v1.RetryPolicy retry_policy = 10;
+   */
+  retryPolicy?: RetryPolicy;
 };
 
 /**
@@ -379,6 +423,71 @@ export type ConsumeRequest = Message<"busmq.v1.ConsumeRequest"> & {
  */
 export const ConsumeRequestSchema: GenMessage<ConsumeRequest> = /*@__PURE__*/
   messageDesc(file_busmq_v1_queue_service, 11);
+
+/**
+ * Delay after failed delivery n: initial * factor^(n-1), at most max_delay, shortened by
+ * up to `jitter` (0-1) of itself at random.
+ *
+ * @generated from message busmq.v1.RetryPolicy
+ */
+export type RetryPolicy = Message<"busmq.v1.RetryPolicy"> & {
+  /**
+   * @generated from field: google.protobuf.Duration initial = 1;
+   */
+  initial?: Duration;
+
+  /**
+   * @generated from field: double factor = 2;
+   */
+  factor: number;
+
+  /**
+   * @generated from field: google.protobuf.Duration max_delay = 3;
+   */
+  maxDelay?: Duration;
+
+  /**
+   * @generated from field: double jitter = 4;
+   */
+  jitter: number;
+};
+
+/**
+ * Describes the message busmq.v1.RetryPolicy.
+ * Use `create(RetryPolicySchema)` to create a new message.
+ */
+export const RetryPolicySchema: GenMessage<RetryPolicy> = /*@__PURE__*/
+  messageDesc(file_busmq_v1_queue_service, 12);
+
+/**
+ * At most `limit` deliveries per `per` for every consumer together; with `key`, for
+ * each value of that header separately.
+ *
+ * @generated from message busmq.v1.RateLimit
+ */
+export type RateLimit = Message<"busmq.v1.RateLimit"> & {
+  /**
+   * @generated from field: uint32 limit = 1;
+   */
+  limit: number;
+
+  /**
+   * @generated from field: google.protobuf.Duration per = 2;
+   */
+  per?: Duration;
+
+  /**
+   * @generated from field: string key = 3;
+   */
+  key: string;
+};
+
+/**
+ * Describes the message busmq.v1.RateLimit.
+ * Use `create(RateLimitSchema)` to create a new message.
+ */
+export const RateLimitSchema: GenMessage<RateLimit> = /*@__PURE__*/
+  messageDesc(file_busmq_v1_queue_service, 13);
 
 /**
  * @generated from message busmq.v1.ConsumeResponse
@@ -429,7 +538,7 @@ export type ConsumeResponse = Message<"busmq.v1.ConsumeResponse"> & {
  * Use `create(ConsumeResponseSchema)` to create a new message.
  */
 export const ConsumeResponseSchema: GenMessage<ConsumeResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 12);
+  messageDesc(file_busmq_v1_queue_service, 14);
 
 /**
  * Deliveries that were read together, in order.
@@ -448,7 +557,7 @@ export type DeliveryBatch = Message<"busmq.v1.DeliveryBatch"> & {
  * Use `create(DeliveryBatchSchema)` to create a new message.
  */
 export const DeliveryBatchSchema: GenMessage<DeliveryBatch> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 13);
+  messageDesc(file_busmq_v1_queue_service, 15);
 
 /**
  * @generated from message busmq.v1.ConsumeStarted
@@ -467,7 +576,7 @@ export type ConsumeStarted = Message<"busmq.v1.ConsumeStarted"> & {
  * Use `create(ConsumeStartedSchema)` to create a new message.
  */
 export const ConsumeStartedSchema: GenMessage<ConsumeStarted> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 14);
+  messageDesc(file_busmq_v1_queue_service, 16);
 
 /**
  * @generated from message busmq.v1.AckRequest
@@ -503,7 +612,7 @@ export type AckRequest = Message<"busmq.v1.AckRequest"> & {
  * Use `create(AckRequestSchema)` to create a new message.
  */
 export const AckRequestSchema: GenMessage<AckRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 15);
+  messageDesc(file_busmq_v1_queue_service, 17);
 
 /**
  * @generated from message busmq.v1.AckResponse
@@ -527,7 +636,7 @@ export type AckResponse = Message<"busmq.v1.AckResponse"> & {
  * Use `create(AckResponseSchema)` to create a new message.
  */
 export const AckResponseSchema: GenMessage<AckResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 16);
+  messageDesc(file_busmq_v1_queue_service, 18);
 
 /**
  * @generated from message busmq.v1.NackRequest
@@ -547,6 +656,20 @@ export type NackRequest = Message<"busmq.v1.NackRequest"> & {
    * @generated from field: repeated uint64 ids = 3;
    */
   ids: bigint[];
+
+  /**
+   * Redeliver after this long (the message does not hold back those behind it).
+   *
+   * @generated from field: google.protobuf.Duration delay = 4;
+   */
+  delay?: Duration;
+
+  /**
+   * Kept with the message; its dead letter shows it as busmq-dead-error.
+   *
+   * @generated from field: string error = 5;
+   */
+  error: string;
 };
 
 /**
@@ -554,12 +677,18 @@ export type NackRequest = Message<"busmq.v1.NackRequest"> & {
  * Use `create(NackRequestSchema)` to create a new message.
  */
 export const NackRequestSchema: GenMessage<NackRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 17);
+  messageDesc(file_busmq_v1_queue_service, 19);
 
 /**
  * @generated from message busmq.v1.NackResponse
  */
 export type NackResponse = Message<"busmq.v1.NackResponse"> & {
+  /**
+   * Ids that were not pending.
+   *
+   * @generated from field: repeated uint64 unknown_ids = 1;
+   */
+  unknownIds: bigint[];
 };
 
 /**
@@ -567,7 +696,173 @@ export type NackResponse = Message<"busmq.v1.NackResponse"> & {
  * Use `create(NackResponseSchema)` to create a new message.
  */
 export const NackResponseSchema: GenMessage<NackResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 18);
+  messageDesc(file_busmq_v1_queue_service, 20);
+
+/**
+ * @generated from message busmq.v1.RejectRequest
+ */
+export type RejectRequest = Message<"busmq.v1.RejectRequest"> & {
+  /**
+   * @generated from field: string queue = 1;
+   */
+  queue: string;
+
+  /**
+   * @generated from field: string consumer_id = 2;
+   */
+  consumerId: string;
+
+  /**
+   * @generated from field: repeated uint64 ids = 3;
+   */
+  ids: bigint[];
+
+  /**
+   * Why; the dead letter shows it as busmq-dead-error.
+   *
+   * @generated from field: string reason = 4;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message busmq.v1.RejectRequest.
+ * Use `create(RejectRequestSchema)` to create a new message.
+ */
+export const RejectRequestSchema: GenMessage<RejectRequest> = /*@__PURE__*/
+  messageDesc(file_busmq_v1_queue_service, 21);
+
+/**
+ * @generated from message busmq.v1.RejectResponse
+ */
+export type RejectResponse = Message<"busmq.v1.RejectResponse"> & {
+  /**
+   * Ids that were not pending.
+   *
+   * @generated from field: repeated uint64 unknown_ids = 1;
+   */
+  unknownIds: bigint[];
+};
+
+/**
+ * Describes the message busmq.v1.RejectResponse.
+ * Use `create(RejectResponseSchema)` to create a new message.
+ */
+export const RejectResponseSchema: GenMessage<RejectResponse> = /*@__PURE__*/
+  messageDesc(file_busmq_v1_queue_service, 22);
+
+/**
+ * @generated from message busmq.v1.RequeueDeadRequest
+ */
+export type RequeueDeadRequest = Message<"busmq.v1.RequeueDeadRequest"> & {
+  /**
+   * @generated from field: string queue = 1;
+   */
+  queue: string;
+
+  /**
+   * The dead-letter ids to move; none: every dead letter, oldest first (up to `limit`).
+   *
+   * @generated from field: repeated uint64 ids = 2;
+   */
+  ids: bigint[];
+
+  /**
+   * @generated from field: uint64 limit = 3;
+   */
+  limit: bigint;
+};
+
+/**
+ * Describes the message busmq.v1.RequeueDeadRequest.
+ * Use `create(RequeueDeadRequestSchema)` to create a new message.
+ */
+export const RequeueDeadRequestSchema: GenMessage<RequeueDeadRequest> = /*@__PURE__*/
+  messageDesc(file_busmq_v1_queue_service, 23);
+
+/**
+ * @generated from message busmq.v1.RequeueDeadResponse
+ */
+export type RequeueDeadResponse = Message<"busmq.v1.RequeueDeadResponse"> & {
+  /**
+   * The ids the messages have in the queue now (header busmq-requeued-id holds the old).
+   *
+   * @generated from field: repeated uint64 ids = 1;
+   */
+  ids: bigint[];
+};
+
+/**
+ * Describes the message busmq.v1.RequeueDeadResponse.
+ * Use `create(RequeueDeadResponseSchema)` to create a new message.
+ */
+export const RequeueDeadResponseSchema: GenMessage<RequeueDeadResponse> = /*@__PURE__*/
+  messageDesc(file_busmq_v1_queue_service, 24);
+
+/**
+ * @generated from message busmq.v1.UpdateQueueControlsRequest
+ */
+export type UpdateQueueControlsRequest = Message<"busmq.v1.UpdateQueueControlsRequest"> & {
+  /**
+   * @generated from field: string queue = 1;
+   */
+  queue: string;
+
+  /**
+   * Set: pause (true) or resume (false) deliveries to every consumer.
+   *
+   * @generated from field: optional bool paused = 2;
+   */
+  paused?: boolean;
+
+  /**
+   * Set the queue's rate limit (or, with `key`, the per-key one).
+   *
+   * @generated from field: busmq.v1.RateLimit rate_limit = 3;
+   */
+  rateLimit?: RateLimit;
+
+  /**
+   * Remove both rate limits.
+   *
+   * @generated from field: bool remove_rate_limits = 4;
+   */
+  removeRateLimits: boolean;
+
+  /**
+   * Set max deliveries before dead-lettering (0 removes it).
+   *
+   * @generated from field: optional uint32 max_deliveries = 5;
+   */
+  maxDeliveries?: number;
+
+  /**
+   * Set: drop expired messages (true) or dead-letter them (false).
+   *
+   * @generated from field: optional bool drop_expired = 6;
+   */
+  dropExpired?: boolean;
+};
+
+/**
+ * Describes the message busmq.v1.UpdateQueueControlsRequest.
+ * Use `create(UpdateQueueControlsRequestSchema)` to create a new message.
+ */
+export const UpdateQueueControlsRequestSchema: GenMessage<UpdateQueueControlsRequest> = /*@__PURE__*/
+  messageDesc(file_busmq_v1_queue_service, 25);
+
+/**
+ * @generated from message busmq.v1.UpdateQueueControlsResponse
+ */
+export type UpdateQueueControlsResponse = Message<"busmq.v1.UpdateQueueControlsResponse"> & {
+};
+
+/**
+ * Describes the message busmq.v1.UpdateQueueControlsResponse.
+ * Use `create(UpdateQueueControlsResponseSchema)` to create a new message.
+ */
+export const UpdateQueueControlsResponseSchema: GenMessage<UpdateQueueControlsResponse> = /*@__PURE__*/
+  messageDesc(file_busmq_v1_queue_service, 26);
 
 /**
  * @generated from message busmq.v1.GetQueueRequest
@@ -584,7 +879,7 @@ export type GetQueueRequest = Message<"busmq.v1.GetQueueRequest"> & {
  * Use `create(GetQueueRequestSchema)` to create a new message.
  */
 export const GetQueueRequestSchema: GenMessage<GetQueueRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 19);
+  messageDesc(file_busmq_v1_queue_service, 27);
 
 /**
  * @generated from message busmq.v1.GetQueueResponse
@@ -620,6 +915,59 @@ export type GetQueueResponse = Message<"busmq.v1.GetQueueResponse"> & {
    * @generated from field: map<string, string> metadata = 5;
    */
   metadata: { [key: string]: string };
+
+  /**
+   * At-least-once deliveries not yet acked.
+   *
+   * @generated from field: uint64 pending = 6;
+   */
+  pending: bigint;
+
+  /**
+   * Delayed messages and retries waiting for their time.
+   *
+   * @generated from field: uint64 delayed = 7;
+   */
+  delayed: bigint;
+
+  /**
+   * Messages in the dead-letter queue (`<queue>:dead`).
+   *
+   * @generated from field: uint64 dead_letters = 8;
+   */
+  deadLetters: bigint;
+
+  /**
+   * @generated from field: bool paused = 9;
+   */
+  paused: boolean;
+
+  /**
+   * @generated from field: busmq.v1.RateLimit rate_limit = 10;
+   */
+  rateLimit?: RateLimit;
+
+  /**
+   * @generated from field: busmq.v1.RateLimit key_rate_limit = 11;
+   */
+  keyRateLimit?: RateLimit;
+
+  /**
+   * @generated from field: uint32 max_deliveries = 12;
+   */
+  maxDeliveries: number;
+
+  /**
+   * @generated from field: bool drop_expired = 13;
+   */
+  dropExpired: boolean;
+
+  /**
+   * "destructive" or "replay" once a consumer fixed it; empty before.
+   *
+   * @generated from field: string mode = 14;
+   */
+  mode: string;
 };
 
 /**
@@ -627,7 +975,7 @@ export type GetQueueResponse = Message<"busmq.v1.GetQueueResponse"> & {
  * Use `create(GetQueueResponseSchema)` to create a new message.
  */
 export const GetQueueResponseSchema: GenMessage<GetQueueResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 20);
+  messageDesc(file_busmq_v1_queue_service, 28);
 
 /**
  * @generated from message busmq.v1.UpdateQueueMetadataRequest
@@ -649,7 +997,7 @@ export type UpdateQueueMetadataRequest = Message<"busmq.v1.UpdateQueueMetadataRe
  * Use `create(UpdateQueueMetadataRequestSchema)` to create a new message.
  */
 export const UpdateQueueMetadataRequestSchema: GenMessage<UpdateQueueMetadataRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 21);
+  messageDesc(file_busmq_v1_queue_service, 29);
 
 /**
  * @generated from message busmq.v1.UpdateQueueMetadataResponse
@@ -662,7 +1010,7 @@ export type UpdateQueueMetadataResponse = Message<"busmq.v1.UpdateQueueMetadataR
  * Use `create(UpdateQueueMetadataResponseSchema)` to create a new message.
  */
 export const UpdateQueueMetadataResponseSchema: GenMessage<UpdateQueueMetadataResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 22);
+  messageDesc(file_busmq_v1_queue_service, 30);
 
 /**
  * @generated from message busmq.v1.FlushQueueRequest
@@ -679,7 +1027,7 @@ export type FlushQueueRequest = Message<"busmq.v1.FlushQueueRequest"> & {
  * Use `create(FlushQueueRequestSchema)` to create a new message.
  */
 export const FlushQueueRequestSchema: GenMessage<FlushQueueRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 23);
+  messageDesc(file_busmq_v1_queue_service, 31);
 
 /**
  * @generated from message busmq.v1.FlushQueueResponse
@@ -692,7 +1040,7 @@ export type FlushQueueResponse = Message<"busmq.v1.FlushQueueResponse"> & {
  * Use `create(FlushQueueResponseSchema)` to create a new message.
  */
 export const FlushQueueResponseSchema: GenMessage<FlushQueueResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 24);
+  messageDesc(file_busmq_v1_queue_service, 32);
 
 /**
  * @generated from message busmq.v1.CloseQueueRequest
@@ -709,7 +1057,7 @@ export type CloseQueueRequest = Message<"busmq.v1.CloseQueueRequest"> & {
  * Use `create(CloseQueueRequestSchema)` to create a new message.
  */
 export const CloseQueueRequestSchema: GenMessage<CloseQueueRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 25);
+  messageDesc(file_busmq_v1_queue_service, 33);
 
 /**
  * @generated from message busmq.v1.CloseQueueResponse
@@ -722,7 +1070,7 @@ export type CloseQueueResponse = Message<"busmq.v1.CloseQueueResponse"> & {
  * Use `create(CloseQueueResponseSchema)` to create a new message.
  */
 export const CloseQueueResponseSchema: GenMessage<CloseQueueResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 26);
+  messageDesc(file_busmq_v1_queue_service, 34);
 
 /**
  * Queues: ordered, sharded message queues.
@@ -808,7 +1156,8 @@ export const QueueService: GenService<{
     output: typeof AckResponseSchema;
   },
   /**
-   * Gives at-least-once deliveries back for prompt redelivery.
+   * Gives at-least-once deliveries back for redelivery: at once, after `delay`, or as the
+   * consumer's retry policy says; past max_deliveries they go to the dead-letter queue.
    *
    * @generated from rpc busmq.v1.QueueService.Nack
    */
@@ -816,6 +1165,36 @@ export const QueueService: GenService<{
     methodKind: "unary";
     input: typeof NackRequestSchema;
     output: typeof NackResponseSchema;
+  },
+  /**
+   * Moves at-least-once deliveries to the queue's dead-letter queue (`<queue>:dead`) now.
+   *
+   * @generated from rpc busmq.v1.QueueService.Reject
+   */
+  reject: {
+    methodKind: "unary";
+    input: typeof RejectRequestSchema;
+    output: typeof RejectResponseSchema;
+  },
+  /**
+   * Moves dead letters back into their queue as new messages.
+   *
+   * @generated from rpc busmq.v1.QueueService.RequeueDead
+   */
+  requeueDead: {
+    methodKind: "unary";
+    input: typeof RequeueDeadRequestSchema;
+    output: typeof RequeueDeadResponseSchema;
+  },
+  /**
+   * Changes a queue's processing controls: pause, rate limits, max deliveries, expiry.
+   *
+   * @generated from rpc busmq.v1.QueueService.UpdateQueueControls
+   */
+  updateQueueControls: {
+    methodKind: "unary";
+    input: typeof UpdateQueueControlsRequestSchema;
+    output: typeof UpdateQueueControlsResponseSchema;
   },
   /**
    * Returns a queue's counters, ttl and metadata.
