@@ -294,7 +294,9 @@ class Channel:
         settle = self._settler(consumer) if consumer.mode is Mode.AT_LEAST_ONCE else None
         try:
             async for raw in consumer:
-                delivery = Delivery(raw.message, raw.delivery_count, settle)
+                # nack(delay=...) and reject() go to the consumer (the end's own queue
+                # and its dead letters, "<queue>:dead").
+                delivery = Delivery(raw.message, raw.delivery_count, settle, raw._control)
                 # Neither in the consumer nor in the inbox while the pump holds it: a
                 # disconnect must give it back too.
                 self._holding = delivery

@@ -274,3 +274,25 @@ async def test_bad_sends_get_clear_errors(redis_server: Any, make_bus: Callable[
         await channel.send_to("remote", "hello")
     with pytest.raises(ChannelEndedError):
         await channel.connect()
+
+
+async def test_a_channel_end_rejects_to_its_queues_dead_letters(bus: Bus) -> None:
+    a, b = Channel(bus, "rejects"), Channel(bus, "rejects")
+    await a.connect()
+    await a.send({"order": 1})
+    await a.send({"order": 2})
+    await b.listen(Mode.AT_LEAST_ONCE)
+    bad, good = await take(b, 2)
+    await bad.reject("unknown order schema")
+    await good.nack(delay=0.2)
+    [again] = await take(b, 1)
+    assert (again.data, again.delivery_count) == ({"order": 2}, 2)
+    await again.ack()
+    inbound = bus.queue(channel_queue_name("rejects", "remote"))  # the listening end's
+    info = await inbound.info()
+    assert (info.count, info.dead_letters) == (0, 1)
+    async with inbound.dead_letters() as dead, dead.consume(Mode.AT_MOST_ONCE) as reader:
+        letter = await anext(reader)
+    assert letter.data == {"order": 1}
+    assert letter.headers["busmq-dead-reason"] == "rejected"
+    await asyncio.gather(a.disconnect(), b.disconnect())

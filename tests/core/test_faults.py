@@ -102,6 +102,7 @@ class WorkerLog:
 
     consumer: str = ""
     delivered: list[tuple[int, int]] = field(default_factory=list)
+    delivered_at: list[float] = field(default_factory=list)  # Unix time of each delivery
     acked: list[tuple[int, int]] = field(default_factory=list)
     unknown: list[tuple[int, int]] = field(default_factory=list)
 
@@ -119,6 +120,8 @@ class WorkerLog:
                 continue
             entry = (int(rest[0]), int(rest[1]))
             {"D": log.delivered, "A": log.acked, "U": log.unknown}[kind].append(entry)
+            if kind == "D":
+                log.delivered_at.append(float(rest[2]))
         return log
 
 

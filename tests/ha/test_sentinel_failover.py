@@ -21,6 +21,12 @@ from busmq import Bus, BusError, Durability, Mode
 from tests.support.sentinel import SentinelGroup
 from tests.support.waiting import eventually
 
+# redis-py's asyncio Sentinel client can drop a connection to a Sentinel without closing
+# it when a failover breaks a query in flight (redis/redis-py#3201, #3259); the garbage
+# collector then warns mid-test. The leak is redis-py's and bounded (one socket per
+# broken query); these tests are about loss, not that warning.
+pytestmark = pytest.mark.filterwarnings("ignore:unclosed:ResourceWarning")
+
 TOTAL = 20_000
 PRODUCERS = 16
 KILL_AFTER = 6_000

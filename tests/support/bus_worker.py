@@ -11,7 +11,7 @@ python bus_worker.py consume URL QUEUE OUT --settings JSON [--visibility S]
     flushed at once, so the lines survive a SIGKILL:
 
         C <consumer name>           the consumer started
-        D <id> <delivery count>     a delivery was handed to the worker
+        D <id> <delivery count> <t> a delivery was handed to the worker (t: Unix time)
         A <id> <delivery count>     ``queue.ack`` succeeded (the only successful ack)
         U <id> <delivery count>     ``queue.ack`` raised UnknownMessageError
 
@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import json
 import signal
+import time
 from typing import IO
 
 from busmq import Bus, BusSettings, Mode, UnknownMessageError
@@ -58,7 +59,7 @@ async def consume(args: argparse.Namespace, out: IO[str]) -> None:
         async with consumer:
             _line(out, f"C {consumer.name}")
             async for delivery in consumer:
-                _line(out, f"D {delivery.id} {delivery.delivery_count}")
+                _line(out, f"D {delivery.id} {delivery.delivery_count} {time.time():.6f}")
                 if args.delay:
                     await asyncio.sleep(args.delay)  # simulated processing time
                 try:
