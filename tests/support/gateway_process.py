@@ -76,7 +76,7 @@ class GatewayProcess:
             "--redis-url", self.redis_url,
             "--log-format", "text",
             "--grace-seconds", "5",
-            *[a for s in self.secrets for a in ("--secret", s)],
+            *[f"--secret={s}" for s in self.secrets],  # one argument even if it starts with "-"
             *self.extra,
         ]  # fmt: skip
         env = {**os.environ, "BUSMQ_LEASE_SECONDS": "3"}

@@ -94,7 +94,7 @@ export class Deployment {
       [
         "--listen", `127.0.0.1:${this.gatewayPort}`,
         "--redis-url", `redis://127.0.0.1:${this.redisPort}`,
-        "--secret", this.secret,
+        `--secret=${this.secret}`, // one argument even when the secret starts with "-"
         "--log-format", "text",
         "--grace-seconds", "2",
         ...(this.pki ? ["--tls-cert", join(this.dir, "server.crt"), "--tls-key", join(this.dir, "server.key"), "--tls-client-ca", join(this.dir, "ca.crt")] : []),
