@@ -28,6 +28,7 @@ from .attachments import Attachments
 from .auth import SecretAuthInterceptor
 from .channel_service import ChannelService
 from .config import GatewaySettings
+from .malformed import MalformedLog, add_services
 from .persistable_service import PersistableService
 from .queue_service import QueueService
 from .request_service import RequestService
@@ -68,6 +69,7 @@ class Gateway:
         self.channels = ChannelService(self.bus, settings, self._draining)
         self.persistables = PersistableService(self.bus)
         self.requests = RequestService(self.bus, settings, self._draining)
+        self.malformed = MalformedLog()
         self._streams: tuple[_Streams, ...] = (
             self.queues,
             self.channels.streams,
@@ -98,17 +100,18 @@ class Gateway:
         )
         self.server = grpc.aio.server(interceptors=interceptors, options=self._options())
         self.bus.events.on(self._on_bus_event)
-        queue_service_pb2_grpc.add_QueueServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            self.queues, self.server
-        )
-        channel_service_pb2_grpc.add_ChannelServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            self.channels, self.server
-        )
-        persistable_service_pb2_grpc.add_PersistableServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            self.persistables, self.server
-        )
-        request_service_pb2_grpc.add_RequestServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            self.requests, self.server
+        add_services(
+            self.server,
+            [
+                (queue_service_pb2_grpc.add_QueueServiceServicer_to_server, self.queues),
+                (channel_service_pb2_grpc.add_ChannelServiceServicer_to_server, self.channels),
+                (
+                    persistable_service_pb2_grpc.add_PersistableServiceServicer_to_server,
+                    self.persistables,
+                ),
+                (request_service_pb2_grpc.add_RequestServiceServicer_to_server, self.requests),
+            ],
+            self.malformed,
         )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self.server)
         reflection.enable_server_reflection(
