@@ -17,6 +17,9 @@ from busmq.wire import KIND_FROM_PROTO, KIND_TO_PROTO, MODE_FROM_PROTO
 from .errors import RequestError
 
 MAX_BATCH = 10_000
+MAX_HEADERS = 64
+"""Headers per message: enough for routing and tracing, not a second payload."""
+MAX_HEADER_NAME = 256
 
 
 def consume_mode(value: types_pb2.ConsumeMode) -> Mode:
@@ -47,8 +50,15 @@ def outgoing_to_core(message: types_pb2.OutgoingMessage, index: int | str) -> En
             ) from None
     headers = b""
     if message.headers:
-        if any(not key for key in message.headers):
-            raise RequestError(f"{where}: header names must not be empty")
+        if len(message.headers) > MAX_HEADERS:
+            raise RequestError(
+                f"{where}: at most {MAX_HEADERS} headers per message", reason="INVALID_MESSAGE"
+            )
+        if any(not key or len(key) > MAX_HEADER_NAME for key in message.headers):
+            raise RequestError(
+                f"{where}: header names must be 1-{MAX_HEADER_NAME} characters",
+                reason="INVALID_MESSAGE",
+            )
         headers = json.dumps(dict(message.headers), separators=(",", ":")).encode()
     return EncodedMessage(payload, kind, headers)
 

@@ -15,6 +15,7 @@ from busmq.v1 import (  # noqa: F401  (registers the services' descriptors)
     persistable_service_pb2,
     queue_service_pb2,
     request_service_pb2,
+    types_pb2,
 )
 from tests.gateway.conftest import AUTH, GatewayUnderTest
 from tests.gateway.test_queue_service import error_reason
@@ -100,3 +101,58 @@ async def test_random_bytes_never_end_unknown_or_internal(gateway: GatewayUnderT
     print(f"\nstatus codes of {sum(seen.values())} random requests: {codes}")
     assert grpc.StatusCode.UNKNOWN not in seen and grpc.StatusCode.INTERNAL not in seen, seen
     assert seen.get(grpc.StatusCode.INVALID_ARGUMENT, 0) > 0
+
+
+@pytest.mark.parametrize(
+    ("request_fields", "reason"),
+    [
+        (
+            {"messages": [{"payload": b"x", "headers": {f"h{i}": "v" for i in range(10_000)}}]},
+            "INVALID_MESSAGE",
+        ),
+        ({"messages": [{"payload": b"x", "headers": {"h" * 300: "v"}}]}, "INVALID_MESSAGE"),
+        ({"messages": [{"payload": b"x", "kind": 99}]}, "INVALID_ARGUMENT"),
+        ({"messages": [{"payload": b"x"}], "delay": {"seconds": -5}}, "INVALID_ARGUMENT"),
+    ],
+    ids=["10,000 headers", "a 300-character header name", "unknown kind", "negative delay"],
+)
+async def test_absurd_push_fields_are_invalid_argument(
+    gateway: GatewayUnderTest, request_fields: dict[str, object], reason: str
+) -> None:
+    await gateway.queues.AttachQueue(
+        queue_service_pb2.AttachQueueRequest(queue="absurd"), metadata=AUTH
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as failure:
+        await gateway.queues.Push(
+            queue_service_pb2.PushRequest(queue="absurd", **request_fields),  # type: ignore[arg-type]
+            metadata=AUTH,
+        )
+    assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_reason(failure.value) == reason
+
+
+@pytest.mark.parametrize(
+    "request_fields",
+    [
+        {"prefetch": 1_000_000},
+        {"visibility_timeout": {"seconds": -1}},
+        {"from_id": 5},  # replay-only field on a destructive mode
+    ],
+    ids=["prefetch beyond the limit", "negative visibility timeout", "from_id off replay"],
+)
+async def test_absurd_consume_fields_are_invalid_argument(
+    gateway: GatewayUnderTest, request_fields: dict[str, object]
+) -> None:
+    await gateway.queues.AttachQueue(
+        queue_service_pb2.AttachQueueRequest(queue="absurd-consume"), metadata=AUTH
+    )
+    request = queue_service_pb2.ConsumeRequest(
+        queue="absurd-consume",
+        mode=types_pb2.CONSUME_MODE_AT_LEAST_ONCE,
+        **request_fields,  # type: ignore[arg-type]
+    )
+    call = gateway.queues.Consume(request, metadata=AUTH)
+    with pytest.raises(grpc.aio.AioRpcError) as failure:
+        async for _ in call:
+            pass
+    assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
