@@ -43,7 +43,8 @@ from .errors import (
 from .events import Event, Subscription
 from .message import Delivery, Message, PayloadKind
 from .persistable import Persistable
-from .queue import PushResult, Queue, Retention
+from .pushing import PushResult
+from .queue import Queue, Retention
 from .service import Request, Service
 from .settings import BusSettings
 

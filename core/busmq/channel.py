@@ -45,7 +45,8 @@ from .events import Event, EventHub
 from .inbox import Inbox
 from .keys import MAX_NAME_LENGTH, validate_name
 from .message import Delivery, EncodedMessage, Payload
-from .queue import PushResult, Queue
+from .pushing import PushResult
+from .queue import Queue
 
 if TYPE_CHECKING:
     from .context import BusContext

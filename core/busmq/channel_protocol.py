@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 from .errors import InvalidMessageError, InvalidNameError
 from .keys import validate_name
 from .message import Delivery, EncodedMessage
-from .queue import PushResult, Queue
+from .pushing import PushResult
+from .queue import Queue
 
 if TYPE_CHECKING:
     from .context import BusContext

@@ -44,7 +44,6 @@ from .errors import (
     UnknownMessageError,
 )
 from .events import Event
-from .keys import CONSUMER_GROUP
 from .message import Delivery, decode_entry, decode_raw, int_to_stream_id, stream_entries
 from .mux import MuxClient
 
@@ -279,17 +278,9 @@ class Consumer:
         return acked
 
     async def nack(self, ids: Sequence[int]) -> None:
-        """Give deliveries back: they are redelivered at the next claim of any consumer."""
-        self._require_acks()
-        stream = self.queue._keys.stream
-        args: list[int | bytes | str | memoryview] = [int_to_stream_id(i) for i in ids]
-        await self.queue._run(
-            # IDLE far in the past makes them claimable at once; JUSTID keeps the count.
-            lambda c: c.xclaim(
-                stream, CONSUMER_GROUP, self.name, 0, args, idle=10**12, justid=True
-            ),
-            idempotent=True,
-        )
+        """Give deliveries back as they are (no failure counted, no retry delay): they
+        are redelivered at the next claim of any consumer."""
+        await self.settle(ids, Settlement(release=True))
 
     async def release_pending(self) -> int:
         """Give back every delivery still pending for this consumer (handed out and not
@@ -325,7 +316,9 @@ class Consumer:
         retry past ``max_deliveries`` dead-letters instead. Whichever consumer received
         them. Returns the ids that were not pending."""
         self._require_acks()
-        if settlement.reject:
+        if settlement.release:
+            op, delay = "release", "0"
+        elif settlement.reject:
             op, delay = "reject", "0"
         elif settlement.delay > 0:
             op, delay = "retry", str(int(settlement.delay * 1000))

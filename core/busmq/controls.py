@@ -143,6 +143,8 @@ class Settlement:
 
     reject: bool = False
     """Dead-letter it now (reason ``rejected``)."""
+    release: bool = False
+    """Give it back as it is, for prompt redelivery: not a failure (no limit, no delay)."""
     delay: float = 0.0
     """Retry: seconds before it is delivered again."""
     error: str | None = None
@@ -187,25 +189,18 @@ def error_text(error: str | BaseException | None) -> str:
 
 
 async def set_controls(queue: Queue, **fields: str | None) -> None:
-    """Set (a str) or remove (None) control fields of the queue's info hash, then wake
-    its consumers so they read again under the new settings."""
+    """Set (a str) or remove (None) control fields of the queue's info hash and wake its
+    consumers, atomically and only if the queue exists (a plain HSET would create it)."""
     keys = queue._keys
-    present = {k: v for k, v in fields.items() if v is not None}
-    absent = [k for k, v in fields.items() if v is None]
-
-    async def run(client: aioredis.Redis) -> int:
-        pipe = client.pipeline(transaction=True)
-        pipe.exists(keys.info)
-        if present:
-            pipe.hset(keys.info, mapping=present)  # type: ignore[arg-type]
-        if absent:
-            pipe.hdel(keys.info, *absent)
-        pipe.publish(keys.notify_channel, 0)
-        exists, *_ = await pipe.execute()
-        return int(exists)
-
-    await queue._require_exists()
-    await queue._run(run, idempotent=True)
+    args: list[str] = [keys.notify_channel]
+    for name, value in fields.items():
+        args += (name, value or "")
+    try:
+        await queue._run(
+            lambda c: queue._bus.scripts.call(c, "controls", [keys.info], args), idempotent=True
+        )
+    except RedisCommandError as exc:
+        raise queue._script_error(exc) from None
 
 
 async def read_info(queue: Queue) -> QueueInfo:

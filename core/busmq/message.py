@@ -71,6 +71,20 @@ def encode(value: Payload, headers: Mapping[str, str] | None, limit: int) -> Enc
     return message
 
 
+def encode_item(item: Any, limit: int) -> EncodedMessage:
+    """A batch item (a value, a ``(value, headers)`` pair, or an ``EncodedMessage``)
+    encoded and checked against ``limit`` bytes."""
+    if isinstance(item, EncodedMessage):
+        if item.size > limit:
+            raise MessageTooLargeError(item.size, limit)
+        return item
+    if isinstance(item, tuple):
+        if len(item) != 2:
+            raise ValueError("a batch item is a value or a (value, headers) pair")
+        return encode(item[0], item[1], limit)
+    return encode(item, None, limit)
+
+
 def _dump_json(value: object) -> bytes:
     try:
         return json.dumps(value, separators=(",", ":"), allow_nan=False).encode("utf-8")

@@ -7,18 +7,16 @@ import itertools
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import redis.asyncio as aioredis
 
-from . import controls
+from . import controls, pushing
 from .consumer import LATEST, Consumer, Mode
 from .controls import QueueInfo, RateLimit, RetryPolicy
 from .durability import Durability
 from .errors import (
     BusClosedError,
-    DurabilityError,
-    MessageTooLargeError,
     QueueFullError,
     QueueNotFoundError,
     RedisCommandError,
@@ -29,9 +27,8 @@ from .keys import QueueKeys, dead_letter_name, placement_name, validate_name
 from .message import (
     EncodedMessage,
     Payload,
-    PayloadKind,
-    encode,
 )
+from .pushing import Headers, Item, PushResult
 
 if TYPE_CHECKING:
     from .context import BusContext
@@ -39,16 +36,6 @@ if TYPE_CHECKING:
     from .shard import Shard
 
 T = TypeVar("T")
-Headers = Mapping[str, str]
-
-
-@dataclass(frozen=True)
-class PushResult:
-    """Ids of the pushed messages; ``duplicate`` if the ``request_id`` was already stored
-    (nothing was written and ``ids`` are those of the original push)."""
-
-    ids: list[int]
-    duplicate: bool
 
 
 @dataclass(frozen=True)
@@ -247,7 +234,7 @@ class Queue:
 
     async def push_batch(
         self,
-        items: Iterable[Payload | tuple[Payload, Headers | None] | EncodedMessage],
+        items: Iterable[Item],
         *,
         request_id: str | None = None,
         durability: Durability | str | None = None,
@@ -262,20 +249,9 @@ class Queue:
         :class:`~busmq.message.EncodedMessage`. Either all are stored or, on error, none.
         ``delay``/``at`` and ``ttl``/``expires_at`` apply to every message (see :meth:`push`).
         """
-        limit = self._bus.settings.max_message_bytes
-        flat: list[bytes | str | int] = []
-        count = 0
-        for item in items:
-            if type(item) is bytes:  # the common case: no EncodedMessage per message
-                if len(item) > limit:
-                    raise MessageTooLargeError(len(item), limit)
-                flat += (item, _BYTES_KIND, b"")
-            else:
-                message = _encode_item(item, limit)
-                flat += (message.payload, message.kind.value, message.headers)
-            count += 1
-        timing = (controls.due_ms(delay, at), controls.expires_ms(ttl, expires_at))
-        result = await self._push_flat(flat, count, request_id, durability, timing)
+        flat, count = pushing.flatten(items, self._bus.settings.max_message_bytes)
+        due_and_expiry = pushing.timing(delay, at, ttl, expires_at)
+        result = await pushing.store(self, flat, count, request_id, durability, due_and_expiry)
         return result.ids
 
     async def push_encoded(
@@ -291,63 +267,9 @@ class Queue:
     ) -> PushResult:
         """Push already encoded messages (sizes are the caller's to check); see
         :meth:`push_batch`. Also tells whether ``request_id`` had been stored before."""
-        flat: list[bytes | str | int] = []
-        for message in encoded:
-            flat += (message.payload, message.kind.value, message.headers)
-        timing = (controls.due_ms(delay, at), controls.expires_ms(ttl, expires_at))
-        return await self._push_flat(flat, len(encoded), request_id, durability, timing)
-
-    async def _push_flat(
-        self,
-        flat: list[bytes | str | int],
-        count: int,
-        request_id: str | None,
-        durability: Durability | str | None = None,
-        timing: tuple[str, str] = ("", ""),
-    ) -> PushResult:
-        self._require_open()
-        if not count:
-            return PushResult([], False)
-        args: list[bytes | str | int] = [
-            _ms(self._bus.settings.dedupe_seconds),
-            self._keys.notify_channel,
-            *timing,
-            *flat,
-        ]
-        keys = [self._keys.info, self._keys.stream, self._keys.due, self._keys.delayed]
-        if request_id is not None:
-            if not request_id or len(request_id) > 200:
-                raise ValueError("request_id must be 1-200 characters")
-            keys.append(self._keys.dedupe_prefix + request_id)
-        level = (
-            self._bus.settings.durability if durability is None else Durability.parse(durability)
-        )
-        shortfall = None
-        try:
-            if level.is_async:
-                first, duplicate = await self._run_fast(
-                    lambda c: self._bus.scripts.call(c, "push", keys, args), idempotent=False
-                )
-            else:
-                shard = await self._located()
-                sha, source = self._bus.scripts.source("push")
-                reply, shortfall = await shard.run_durable(
-                    sha, source, keys, args, level, route=self._keys.stream
-                )
-                first, duplicate = reply
-        except RedisCommandError as exc:
-            raise self._script_error(exc) from None
-        if not duplicate:
-            self.pushed += count
-        ids = list(range(int(first), int(first) + count))
-        if shortfall is not None:
-            raise DurabilityError(
-                f"push to {self.name!r} applied but not confirmed {level}: {shortfall}; "
-                "it may be stored: retry with the same request_id",
-                shard.label,
-                ids,
-            )
-        return PushResult(ids, bool(duplicate))
+        flat = pushing.flatten_encoded(encoded)
+        due_and_expiry = pushing.timing(delay, at, ttl, expires_at)
+        return await pushing.store(self, flat, len(encoded), request_id, durability, due_and_expiry)
 
     # -- consuming ------------------------------------------------------------------
 
@@ -591,9 +513,6 @@ class Queue:
         return exc
 
 
-_BYTES_KIND = PayloadKind.BYTES.value
-
-
 def _ms(seconds: float) -> int:
     return int(seconds * 1000)
 
@@ -606,18 +525,6 @@ def _limit_args(retention: Retention | None, max_backlog: int | None) -> tuple[s
         maxage = str(_ms(retention.max_age) if retention.max_age else 0)
     backlog = "" if max_backlog is None else str(max_backlog)
     return maxlen, maxage, backlog
-
-
-def _encode_item(item: Any, limit: int) -> EncodedMessage:
-    if isinstance(item, EncodedMessage):
-        if item.size > limit:
-            raise MessageTooLargeError(item.size, limit)
-        return item
-    if isinstance(item, tuple):
-        if len(item) != 2:
-            raise ValueError("a batch item is a value or a (value, headers) pair")
-        return encode(item[0], item[1], limit)
-    return encode(item, None, limit)
 
 
 async def _hset_keep_ttl(

@@ -41,6 +41,7 @@ class Scripts:
         "settle",
         "requeue",
         "promote",
+        "controls",
     )
 
     def __init__(self, client: aioredis.Redis, *, sharded_publish: bool = False) -> None:

@@ -360,3 +360,21 @@ async def test_delayed_messages_survive_a_redis_crash_none_early_none_twice(
         f"\nlateness over 5,000 delayed messages with a Redis crash: "
         f"p50 {lateness[2500] * 1000:.1f} ms, p99 {lateness[4950] * 1000:.1f} ms"
     )
+
+
+async def test_a_closed_consumer_gives_back_a_delayed_message_it_had_fetched(
+    one_bus: Bus,
+) -> None:
+    async with one_bus.queue("delayed-leftover") as queue:
+        await queue.push("first")
+        delayed = await queue.push("delayed", delay=0.05)
+        await asyncio.sleep(0.1)  # both due before the consumer reads
+        async with queue.consume(Mode.AT_LEAST_ONCE, prefetch=10) as consumer:
+            [first] = await take(consumer, 1)  # the delayed one stays fetched, unhanded
+            await first.ack()
+        # Given back on close under its own (later) stream position, so the next consumer
+        # gets it at once rather than after the 30 s visibility timeout.
+        async with queue.consume(Mode.AT_LEAST_ONCE, visibility_timeout=30) as again:
+            [leftover] = await take(again, 1, timeout=5)
+            await leftover.ack()
+        assert (leftover.id, leftover.data) == (delayed, "delayed")

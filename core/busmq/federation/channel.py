@@ -66,7 +66,7 @@ from ..errors import (
 from ..events import Event, EventHub
 from ..inbox import Inbox
 from ..message import Delivery, EncodedMessage, Payload, encode
-from ..queue import PushResult
+from ..pushing import PushResult
 from ..v1 import channel_service_pb2 as pb
 from ..v1 import channel_service_pb2_grpc as pb_grpc
 from ..v1 import queue_service_pb2 as queue_pb

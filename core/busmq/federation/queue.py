@@ -41,14 +41,14 @@ from ..controls import RateLimit, RetryPolicy, due_ms, expires_ms
 from ..errors import (
     BusClosedError,
     BusError,
-    MessageTooLargeError,
     QueueNotFoundError,
     UnknownMessageError,
 )
 from ..events import Event, EventHub
 from ..keys import validate_name
-from ..message import Delivery, EncodedMessage, Payload, encode
-from ..queue import PushResult, Retention
+from ..message import Delivery, EncodedMessage, Payload, encode_item
+from ..pushing import PushResult
+from ..queue import Retention
 from ..v1 import queue_service_pb2 as pb
 from .consumer import FederatedConsumer
 from .convert import duration, outgoing, seconds
@@ -304,7 +304,7 @@ class FederatedQueue:
         """Push several messages atomically and in order; their ids, or ``None`` if
         they wait in the outbox. Items and timing as in :meth:`busmq.Queue.push_batch`."""
         limit = self._manager.bus.settings.max_message_bytes
-        encoded = [_encode_item(item, limit) for item in items]
+        encoded = [encode_item(item, limit) for item in items]
         result = await self.push_encoded(encoded, request_id=request_id, **timing)
         return None if result is None else result.ids
 
@@ -521,18 +521,6 @@ async def push_or_queue(
     payload = request.SerializeToString()
     await outbox.append(link.url, request.queue, request.request_id, count, payload)
     return None
-
-
-def _encode_item(item: Any, limit: int) -> EncodedMessage:
-    if isinstance(item, EncodedMessage):
-        if item.size > limit:
-            raise MessageTooLargeError(item.size, limit)
-        return item
-    if isinstance(item, tuple):
-        if len(item) != 2:
-            raise ValueError("a batch item is a value or a (value, headers) pair")
-        return encode(item[0], item[1], limit)
-    return encode(item, None, limit)
 
 
 def set_timing(

@@ -1,6 +1,7 @@
--- Settle at-least-once deliveries other than by ack: retry them after a delay, or
--- reject them to the dead-letter queue.
--- KEYS: QueueKeys.with_dead_letters(). ARGV: op ('retry' or 'reject'), queue name,
+-- Settle at-least-once deliveries other than by ack: retry them after a delay, reject
+-- them to the dead-letter queue, or release them (given back as they are, for the next
+-- claim: not a failure, so no limit applies).
+-- KEYS: QueueKeys.with_dead_letters(). ARGV: op ('retry', 'reject' or 'release'), queue name,
 -- consumer, delay (ms, or 'policy <initial ms> <factor> <max ms> <jitter multiplier>':
 -- initial * factor^(deliveries - 1), at most max, times the multiplier), max_deliveries
 -- ('' for the queue's), error text, then ids.
@@ -18,6 +19,10 @@ local max_deliveries = tonumber(ARGV[5] ~= '' and ARGV[5] or redis.call('HGET', 
 local now = now_ms()
 local unknown = {}
 local parked = false
+-- Claimable by the next claim of any consumer at once; JUSTID keeps the delivery count.
+local function give_back(sid)
+  redis.call('XCLAIM', q.stream, GROUP, consumer, 0, sid, 'IDLE', 1000000000000, 'JUSTID')
+end
 for i = 7, #ARGV do
   local sid = stream_id_of(q, ARGV[i])
   local p = redis.call('XPENDING', q.stream, GROUP, sid, sid, 1)[1]
@@ -25,6 +30,8 @@ for i = 7, #ARGV do
   if not entry then
     if p then redis.call('XACK', q.stream, GROUP, sid) end -- trimmed while pending
     unknown[#unknown + 1] = ARGV[i]
+  elseif op == 'release' then
+    give_back(sid)
   else
     local idle, count = p[3], p[4]
     if count == 1 then redis.call('HSETNX', q.state, 'f:' .. sid, now - idle) end
@@ -38,8 +45,8 @@ for i = 7, #ARGV do
       if delay > 0 then
         park(q, sid, now + delay, count, now - idle)
         parked = true
-      else -- redelivered at the next claim of any consumer, keeping its count
-        redis.call('XCLAIM', q.stream, GROUP, consumer, 0, sid, 'IDLE', 1000000000000, 'JUSTID')
+      else
+        give_back(sid)
       end
     end
   end

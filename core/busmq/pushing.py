@@ -1,0 +1,116 @@
+"""Storing messages in a queue: flattening a batch into the push script's arguments, the
+script (or its durable variant), request ids and the errors a push can end with."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from .controls import due_ms, expires_ms
+from .durability import Durability
+from .errors import DurabilityError, MessageTooLargeError, RedisCommandError
+from .message import EncodedMessage, Payload, PayloadKind, encode_item
+
+if TYPE_CHECKING:
+    from .queue import Queue
+
+Headers = Mapping[str, str]
+Item = Payload | tuple[Payload, Headers | None] | EncodedMessage
+Flat = list[bytes | str | int]
+
+_BYTES_KIND = PayloadKind.BYTES.value
+
+
+@dataclass(frozen=True)
+class PushResult:
+    """Ids of the pushed messages; ``duplicate`` if the ``request_id`` was already stored
+    (nothing was written and ``ids`` are those of the original push)."""
+
+    ids: list[int]
+    duplicate: bool
+
+
+def timing(
+    delay: float | None, at: datetime | None, ttl: float | None, expires_at: datetime | None
+) -> tuple[str, str]:
+    """The push script's due and expiry arguments."""
+    return due_ms(delay, at), expires_ms(ttl, expires_at)
+
+
+def flatten(items: Iterable[Item], limit: int) -> tuple[Flat, int]:
+    """(payload, kind, headers) triples of ``items``, checked against ``limit`` bytes,
+    and how many there are."""
+    flat: Flat = []
+    count = 0
+    for item in items:
+        if type(item) is bytes:  # the common case: no EncodedMessage per message
+            if len(item) > limit:
+                raise MessageTooLargeError(len(item), limit)
+            flat += (item, _BYTES_KIND, b"")
+        else:
+            message = encode_item(item, limit)
+            flat += (message.payload, message.kind.value, message.headers)
+        count += 1
+    return flat, count
+
+
+def flatten_encoded(encoded: Sequence[EncodedMessage]) -> Flat:
+    flat: Flat = []
+    for message in encoded:
+        flat += (message.payload, message.kind.value, message.headers)
+    return flat
+
+
+async def store(
+    queue: Queue,
+    flat: Flat,
+    count: int,
+    request_id: str | None,
+    durability: Durability | str | None,
+    due_and_expiry: tuple[str, str],
+) -> PushResult:
+    """Run the push script for ``count`` flattened messages on ``queue``."""
+    queue._require_open()
+    if not count:
+        return PushResult([], False)
+    bus, keys = queue._bus, queue._keys
+    args: Flat = [
+        int(bus.settings.dedupe_seconds * 1000),
+        keys.notify_channel,
+        *due_and_expiry,
+        *flat,
+    ]
+    script_keys = [keys.info, keys.stream, keys.due, keys.delayed]
+    if request_id is not None:
+        if not request_id or len(request_id) > 200:
+            raise ValueError("request_id must be 1-200 characters")
+        script_keys.append(keys.dedupe_prefix + request_id)
+    level = bus.settings.durability if durability is None else Durability.parse(durability)
+    shortfall = None
+    try:
+        if level.is_async:
+            first, duplicate = await queue._run_fast(
+                lambda c: bus.scripts.call(c, "push", script_keys, args), idempotent=False
+            )
+        else:
+            shard = await queue._located()
+            sha, source = bus.scripts.source("push")
+            reply, shortfall = await shard.run_durable(
+                sha, source, script_keys, args, level, route=keys.stream
+            )
+            first, duplicate = reply
+    except RedisCommandError as exc:
+        raise queue._script_error(exc) from None
+    if not duplicate:
+        queue.pushed += count
+    ids = list(range(int(first), int(first) + count))
+    if shortfall is not None:
+        raise DurabilityError(
+            f"push to {queue.name!r} applied but not confirmed {level}: {shortfall}; "
+            "it may be stored: retry with the same request_id",
+            shard.label,
+            ids,
+        )
+    return PushResult(ids, bool(duplicate))
