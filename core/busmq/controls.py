@@ -129,6 +129,8 @@ class QueueInfo:
     dead_letters: int
     """Messages in the dead-letter queue."""
     last_id: int
+    ttl: float
+    """Seconds until the queue expires if no attachment is renewed."""
     mode: str | None
     paused: bool
     rate_limit: RateLimit | None
@@ -214,10 +216,11 @@ async def read_info(queue: Queue) -> QueueInfo:
         pipe.zcard(keys.due)
         pipe.xlen(dead.stream)
         pipe.xinfo_groups(keys.stream)
+        pipe.pttl(keys.info)
         result: list[object] = await pipe.execute(raise_on_error=False)
         return result
 
-    conf, count, delayed, dead_count, groups = await queue._run(run, idempotent=True)
+    conf, count, delayed, dead_count, groups, pttl = await queue._run(run, idempotent=True)
     assert isinstance(conf, list)
     if conf[0] is None:
         raise QueueNotFoundError(queue.name)
@@ -232,6 +235,7 @@ async def read_info(queue: Queue) -> QueueInfo:
         delayed=_int(delayed),
         dead_letters=_int(dead_count),
         last_id=int(conf[0]),
+        ttl=max(_int(pttl), 0) / 1000,
         mode=mode,
         paused=conf[2] is not None,
         rate_limit=RateLimit.decode(conf[3]),

@@ -18,6 +18,7 @@ from busmq import (
     Delivery,
     Mode,
     PushResult,
+    QueueNotFoundError,
     Retention,
     UnknownMessageError,
 )
@@ -303,18 +304,18 @@ class QueueService(pb_grpc.QueueServiceServicer):
         self, request: pb.GetQueueRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetQueueResponse:
         queue = self._bus.queue(request.queue)
-        ttl = await queue.ttl()
-        if ttl is None:
+        try:
+            info = await queue.info()  # counts, controls and ttl in one round trip
+        except QueueNotFoundError:
             raise NotFound(
                 f"queue {request.queue!r} does not exist",
                 "QUEUE_NOT_FOUND",
                 {"queue": request.queue},
-            )
-        info = await queue.info()
+            ) from None
         return pb.GetQueueResponse(
             queue=queue.name,
             count=info.count,
-            ttl=duration(ttl),
+            ttl=duration(info.ttl),
             last_id=info.last_id,
             metadata=await queue.metadata(),
             **info_fields(info),
