@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -8,6 +9,10 @@ import pytest
 
 from busmq import Bus, BusSettings
 from tests.support.redis_server import RedisServer
+
+# Gateway processes started by tests (and the README recipes they run) get their HTTP
+# listener on a free port, not the default 8444 that two of them would share.
+os.environ.setdefault("BUSMQ_GATEWAY_HTTP_LISTEN", "127.0.0.1:0")
 
 FAST = {
     "lease_seconds": 3.0,

@@ -98,7 +98,7 @@ func (d *deployment) startGateway() {
 			"--tls-key", filepath.Join(d.dir, "server.key"), "--tls-client-ca", filepath.Join(d.dir, "ca.crt"))
 	}
 	d.gateway = exec.Command(gateway, args...)
-	d.gateway.Env = append(os.Environ(), "BUSMQ_LEASE_SECONDS=3")
+	d.gateway.Env = append(os.Environ(), "BUSMQ_LEASE_SECONDS=3", "BUSMQ_GATEWAY_HTTP_LISTEN=127.0.0.1:0")
 	waitFor(d.t, d.gateway, "busmq gateway ready")
 }
 

@@ -21,6 +21,7 @@ from .scripts import Scripts
 from .service import Service
 from .settings import BusSettings
 from .shard import Shard, ShardState
+from .stats import ProcessCounters
 from .topology import is_cluster_url
 
 if TYPE_CHECKING:
@@ -65,6 +66,7 @@ class Bus:
         self.scripts: Scripts
         self.placement = Placement()
         self.attached: set[Queue] = set()
+        self.counters = ProcessCounters()
         self._renewer: asyncio.Task[None] | None = None
         self._state = BusState.CREATED
         self.events.on(self._track_state)

@@ -275,6 +275,7 @@ class Consumer:
             ),
             idempotent=True,
         )
+        self.queue._bus.counters.add("acked", self.queue.name, acked)
         return acked
 
     async def nack(self, ids: Sequence[int]) -> None:
@@ -340,6 +341,9 @@ class Consumer:
             lambda c: queue._bus.scripts.call(c, "settle", queue._keys.with_dead_letters(), args),
             idempotent=False,
         )
+        if op != "release":
+            kind = "rejected" if op == "reject" else "retried"
+            queue._bus.counters.add(kind, queue.name, len(ids) - len(unknown))
         return [int(u) for u in unknown]
 
     async def _flush_acks(self, ids: list[int]) -> list[int]:
@@ -375,6 +379,7 @@ class Consumer:
                 backoff = 0.05
                 if batch:
                     self._fetched += len(batch)
+                    self.queue._bus.counters.delivered(self.queue.name, batch)
                     self._unbuffered = batch
                     await self._buffer.put(batch)
                     self._unbuffered = []

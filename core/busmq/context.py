@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from .queue import Queue
     from .scripts import Scripts
     from .settings import BusSettings
+    from .stats import ProcessCounters
 
 
 class BusContext(Protocol):
@@ -21,6 +22,8 @@ class BusContext(Protocol):
     placement: Placement
     attached: set[Queue]
     """Queues attached through this bus, whose leases it renews."""
+    counters: ProcessCounters
+    """What this process pushed, delivered, acked... per queue (:mod:`busmq.stats`)."""
 
     @property
     def closed(self) -> bool: ...

@@ -105,6 +105,7 @@ async def store(
         raise queue._script_error(exc) from None
     if not duplicate:
         queue.pushed += count
+        queue._bus.counters.add("pushed", queue.name, count)
     ids = list(range(int(first), int(first) + count))
     if shortfall is not None:
         raise DurabilityError(

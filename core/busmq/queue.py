@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, TypeVar
 
 import redis.asyncio as aioredis
 
-from . import controls, pushing
+from . import controls, inventory, pushing
 from .consumer import LATEST, Consumer, Mode
 from .controls import QueueInfo, RateLimit, RetryPolicy
 from .durability import Durability
@@ -26,6 +26,7 @@ from .events import Event, EventHub
 from .keys import QueueKeys, dead_letter_name, placement_name, validate_name
 from .message import (
     EncodedMessage,
+    Message,
     Payload,
 )
 from .pushing import Headers, Item, PushResult
@@ -333,6 +334,7 @@ class Queue:
             lambda c: self._bus.scripts.call(c, "ack", keys, ids),
             idempotent=False,
         )
+        self._bus.counters.add("acked", self.name, len(ids) - len(unknown))
         return [int(u) for u in unknown]
 
     async def _prepare_consumer(self, family: str) -> tuple[str, int]:
@@ -419,6 +421,16 @@ class Queue:
     async def info(self) -> QueueInfo:
         """Counts (stored, pending, delayed, dead letters) and the controls in force."""
         return await controls.read_info(self)
+
+    def browse(
+        self, from_id: int = 0, to_id: int | None = None, *, follow: bool = False
+    ) -> AsyncIterator[Message]:
+        """The stored messages from ``from_id`` up to ``to_id`` (inclusive) in stream
+        order, without consuming, acking or fixing the queue's mode: for inspection,
+        tails, exports and copies. With ``follow``, then each new message as it is
+        stored, until the iteration is closed (no ``to_id`` then). Delayed messages
+        appear once due (at their stream position, after what was stored before)."""
+        return inventory.browse(self, from_id, to_id, follow=follow)
 
     async def pause(self) -> None:
         """Stop deliveries to every consumer (in every process) until :meth:`resume`;

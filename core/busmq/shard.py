@@ -216,6 +216,10 @@ class Shard:
             return False
 
     @property
+    def operation_timeout(self) -> float:
+        return self._settings.operation_timeout
+
+    @property
     def closed(self) -> bool:
         return self.state is ShardState.CLOSED
 

@@ -41,6 +41,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--tls-cert", default=env("BUSMQ_GATEWAY_TLS_CERT"))
     parser.add_argument("--tls-key", default=env("BUSMQ_GATEWAY_TLS_KEY"))
     parser.add_argument("--tls-client-ca", default=env("BUSMQ_GATEWAY_TLS_CLIENT_CA"))
+    parser.add_argument(
+        "--http-listen",
+        default=env("BUSMQ_GATEWAY_HTTP_LISTEN", "127.0.0.1:8444"),
+        help="/metrics, /healthz and the dashboard ('off' for none)",
+    )
+    parser.add_argument(
+        "--metrics-max-queues",
+        type=int,
+        default=100,
+        help="queues with their own metrics label (the rest are summed as _other)",
+    )
     parser.add_argument("--redis-url", action="append", default=[], help="a shard; may repeat")
     parser.add_argument("--data-dir", help="embedded Redis data directory")
     parser.add_argument("--max-message-bytes", type=int, default=8 * 1024 * 1024)
@@ -73,6 +84,8 @@ def settings_from(args: argparse.Namespace) -> GatewaySettings:
         max_message_bytes=args.max_message_bytes,
         keepalive_seconds=args.keepalive_seconds,
         grace_seconds=args.grace_seconds,
+        http_listen=None if args.http_listen in ("", "off") else args.http_listen,
+        metrics_max_queues=args.metrics_max_queues,
     )
 
 

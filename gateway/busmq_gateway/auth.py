@@ -12,6 +12,15 @@ OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
 _DENIED = "missing or invalid credentials"
 
 
+def secret_matches(presented: bytes, secrets: Sequence[bytes]) -> bool:
+    """Whether ``presented`` is one of ``secrets``, compared in constant time against all
+    of them (so timing does not tell which matched)."""
+    matched = False
+    for secret in secrets:
+        matched |= hmac.compare_digest(presented, secret)
+    return matched and bool(presented)
+
+
 class SecretAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Refuses calls without a valid bearer secret with ``UNAUTHENTICATED``.
 
@@ -30,10 +39,7 @@ class SecretAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 if raw.startswith(b"Bearer "):
                     presented = raw[len(b"Bearer ") :]
                 break
-        matched = False
-        for secret in self._secrets:
-            matched |= hmac.compare_digest(presented, secret)
-        return matched and bool(presented)
+        return secret_matches(presented, self._secrets)
 
     async def intercept_service(
         self,

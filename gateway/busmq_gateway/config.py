@@ -44,6 +44,11 @@ class GatewaySettings:
             behind proxies); ``heartbeat_seconds``: idle interval between stream heartbeats.
         grace_seconds: how long SIGTERM waits for streams and calls to finish.
         default_prefetch / max_prefetch: read-ahead per stream, bounding gateway memory.
+        http_listen: ``host:port`` of the HTTP listener (``/metrics``, ``/healthz``, the
+            dashboard), or ``None`` for none. Open on loopback; elsewhere it needs a
+            secret and TLS (or ``allow_plaintext``), like the gRPC port.
+        metrics_max_queues: queues reported under their own label; the rest are summed.
+        metrics_cache_seconds: how long one read of the bus's figures serves scrapes.
     """
 
     listen: str = "127.0.0.1:8443"
@@ -58,6 +63,9 @@ class GatewaySettings:
     grace_seconds: float = 10.0
     default_prefetch: int = 100
     max_prefetch: int = 1000
+    http_listen: str | None = None
+    metrics_max_queues: int = 100
+    metrics_cache_seconds: float = 2.0
 
     def __post_init__(self) -> None:
         if ":" not in self.listen:
@@ -86,8 +94,27 @@ class GatewaySettings:
         for name in ("keepalive_seconds", "heartbeat_seconds", "grace_seconds"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+        if self.http_listen is not None:
+            self._check_http_listen(self.http_listen)
         if not 1 <= self.default_prefetch <= self.max_prefetch:
             raise ValueError("need 1 <= default_prefetch <= max_prefetch")
+
+    def _check_http_listen(self, listen: str) -> None:
+        if ":" not in listen:
+            raise ValueError(f"http_listen must be host:port, got {listen!r}")
+        if is_loopback(listen):
+            return
+        if not self.secrets:
+            raise ValueError(
+                f"the HTTP listener on {listen} would serve metrics and the dashboard to "
+                "anyone: it needs a gateway secret off loopback"
+            )
+        if self.tls is None and not self.allow_plaintext:
+            raise ValueError(
+                f"refusing to serve HTTP in plaintext on {listen}: configure TLS "
+                "(--tls-cert/--tls-key), listen on a loopback address, or pass "
+                "--allow-plaintext"
+            )
 
     def __repr__(self) -> str:
         return (

@@ -1,4 +1,5 @@
-"""Requests that do not parse: ``INVALID_ARGUMENT`` with reason ``MALFORMED_REQUEST``.
+"""Requests that do not parse: ``INVALID_ARGUMENT`` with reason ``MALFORMED_REQUEST``;
+and every call counted and timed (:mod:`busmq_gateway.rpc_metrics`).
 
 grpcio deserializes a request before the servicer sees it; a failure there ends the
 call ``UNKNOWN`` and logs a traceback per call. The generated ``add_*_to_server``
@@ -10,6 +11,7 @@ once per interval with their count, so a flood of garbage cannot fill a disk.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -20,6 +22,7 @@ from google.protobuf.message import DecodeError
 from grpc_status import rpc_status
 
 from .errors import RequestError, error_status
+from .rpc_metrics import RpcMetrics
 
 log = logging.getLogger(__name__)
 
@@ -61,15 +64,17 @@ def add_services(
     server: grpc.aio.Server,
     registrations: list[tuple[Callable[[Any, Any], None], Any]],
     malformed_log: MalformedLog,
+    metrics: RpcMetrics,
 ) -> None:
     """Register each ``(add_XServicer_to_server, servicer)`` on ``server`` with
-    malformed requests refused as ``INVALID_ARGUMENT``."""
+    malformed requests refused as ``INVALID_ARGUMENT``, and every call counted and
+    timed in ``metrics``."""
     for add, servicer in registrations:
         collector = _Collector()
         add(servicer, collector)
         for service, handlers in collector.services.items():
             guarded = {
-                name: _guard(f"/{service}/{name}", handler, malformed_log)
+                name: _guard(f"/{service}/{name}", handler, malformed_log, metrics)
                 for name, handler in handlers.items()
             }
             server.add_generic_rpc_handlers(
@@ -93,17 +98,34 @@ class _Collector:
         self.services[service] = handlers
 
 
-def _guard(
-    method: str, handler: grpc.RpcMethodHandler, malformed_log: MalformedLog
-) -> grpc.RpcMethodHandler:
-    parse = handler.request_deserializer
-    assert parse is not None
+def _code_of(exc: BaseException, context: grpc.aio.ServicerContext) -> grpc.StatusCode:
+    if isinstance(exc, asyncio.CancelledError | GeneratorExit):
+        return grpc.StatusCode.CANCELLED
+    if isinstance(exc, grpc.aio.AbortError):
+        return context.code() or grpc.StatusCode.UNKNOWN
+    return grpc.StatusCode.UNKNOWN
+
+
+def _tolerant(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    """``parse``, answering :data:`MALFORMED` for bytes that do not parse."""
 
     def deserialize(data: bytes) -> Any:
         try:
             return parse(data)
         except (DecodeError, ValueError, RuntimeError):
             return MALFORMED
+
+    return deserialize
+
+
+def _guard(
+    method: str,
+    handler: grpc.RpcMethodHandler,
+    malformed_log: MalformedLog,
+    metrics: RpcMetrics,
+) -> grpc.RpcMethodHandler:
+    assert handler.request_deserializer is not None
+    deserialize = _tolerant(handler.request_deserializer)
 
     async def refuse(context: grpc.aio.ServicerContext) -> None:
         malformed_log.refused(method)
@@ -114,9 +136,17 @@ def _guard(
         unary = handler.unary_unary
 
         async def unary_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            if request is MALFORMED:
-                await refuse(context)
-            return await unary(request, context)
+            started = metrics.start("unary", method)
+            code: grpc.StatusCode | None = None
+            try:
+                if request is MALFORMED:
+                    await refuse(context)
+                return await unary(request, context)
+            except BaseException as exc:
+                code = _code_of(exc, context)
+                raise
+            finally:
+                metrics.done("unary", method, code or context.code(), started)
 
         return handler._replace(request_deserializer=deserialize, unary_unary=unary_unary)
     if handler.unary_stream is not None:
@@ -125,10 +155,18 @@ def _guard(
         async def unary_stream(
             request: Any, context: grpc.aio.ServicerContext
         ) -> AsyncIterator[Any]:
-            if request is MALFORMED:
-                await refuse(context)
-            async for response in stream(request, context):
-                yield response
+            started = metrics.start("server_stream", method)
+            code: grpc.StatusCode | None = None
+            try:
+                if request is MALFORMED:
+                    await refuse(context)
+                async for response in stream(request, context):
+                    yield response
+            except BaseException as exc:
+                code = _code_of(exc, context)
+                raise
+            finally:
+                metrics.done("server_stream", method, code or context.code(), started)
 
         return handler._replace(request_deserializer=deserialize, unary_stream=unary_stream)
     raise TypeError(f"{method}: only unary requests are served")

@@ -47,12 +47,13 @@ from .errors import (
     to_status,
     unary,
 )
-from .streaming import Beat, paced
+from .inventory_service import QueueInventory
+from .streaming import Beat, StreamCount, paced
 
 log = logging.getLogger(__name__)
 
 
-class QueueService(pb_grpc.QueueServiceServicer):
+class QueueService(QueueInventory, pb_grpc.QueueServiceServicer):
     def __init__(
         self, bus: Bus, settings: GatewaySettings, attachments: Attachments, draining: asyncio.Event
     ) -> None:
@@ -63,6 +64,7 @@ class QueueService(pb_grpc.QueueServiceServicer):
         self._consumers: dict[str, Consumer] = {}
         self.no_streams = asyncio.Event()
         self.no_streams.set()
+        self.browses = StreamCount()
 
     @property
     def active_streams(self) -> int:

@@ -10,8 +10,10 @@ from typing import Protocol
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from prometheus_client import CollectorRegistry, Gauge
 
 from busmq import Bus, BusState, Event
+from busmq.metrics import BusMetrics
 from busmq.security import plaintext_warning
 from busmq.v1 import (
     channel_service_pb2,
@@ -28,10 +30,12 @@ from .attachments import Attachments
 from .auth import SecretAuthInterceptor
 from .channel_service import ChannelService
 from .config import GatewaySettings
+from .http import HttpListener
 from .malformed import MalformedLog, add_services
 from .persistable_service import PersistableService
 from .queue_service import QueueService
 from .request_service import RequestService
+from .rpc_metrics import RpcMetrics
 
 log = logging.getLogger(__name__)
 
@@ -72,10 +76,30 @@ class Gateway:
         self.malformed = MalformedLog()
         self._streams: tuple[_Streams, ...] = (
             self.queues,
+            self.queues.browses,
             self.channels.streams,
             self.requests.streams,
         )
         self.server: grpc.aio.Server | None = None
+        self.registry = CollectorRegistry()
+        self.rpc_metrics = RpcMetrics(self.registry)
+        self.bus_metrics = BusMetrics(
+            self.bus,
+            max_queues=settings.metrics_max_queues,
+            cache_seconds=settings.metrics_cache_seconds,
+        )
+        self.registry.register(self.bus_metrics)
+        Gauge(
+            "busmq_gateway_active_streams",
+            "Open delivery and channel streams.",
+            registry=self.registry,
+        ).set_function(lambda: self.active_streams)
+        Gauge(
+            "busmq_gateway_malformed_requests",
+            "Requests refused as malformed since start.",
+            registry=self.registry,
+        ).set_function(lambda: self.malformed.total)
+        self.http: HttpListener | None = None
 
     def _options(self) -> list[tuple[str, int]]:
         keepalive_ms = int(self.settings.keepalive_seconds * 1000)
@@ -112,6 +136,7 @@ class Gateway:
                 (request_service_pb2_grpc.add_RequestServiceServicer_to_server, self.requests),
             ],
             self.malformed,
+            self.rpc_metrics,
         )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self.server)
         reflection.enable_server_reflection(
@@ -120,6 +145,15 @@ class Gateway:
         self.port = self._bind()
         await self.server.start()
         self._attachments.start()
+        if self.settings.http_listen is not None:
+            self.http = HttpListener(
+                self.settings,
+                self.bus,
+                self.registry,
+                self.bus_metrics,
+                lambda: not self._draining.is_set(),
+            )
+            await self.http.start()
         await self._set_health(self.bus.state is BusState.ONLINE)
         if self.settings.plaintext_off_loopback:
             log.warning(plaintext_warning(self.settings.listen))
@@ -168,6 +202,8 @@ class Gateway:
             await self.server.stop(half)
         await self.requests.close()
         await self._attachments.close()
+        if self.http is not None:
+            await self.http.stop()
         if self._own_bus:
             await self.bus.close()
         log.info("gateway stopped")
@@ -198,6 +234,7 @@ async def serve(settings: GatewaySettings) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await gateway.start()
-    print(f"busmq gateway ready on port {gateway.port}", flush=True)
+    http = f", http on port {gateway.http.port}" if gateway.http else ""
+    print(f"busmq gateway ready on port {gateway.port}{http}", flush=True)
     await stop.wait()
     await gateway.stop()

@@ -100,7 +100,10 @@ export class Deployment {
         ...(this.pki ? ["--tls-cert", join(this.dir, "server.crt"), "--tls-key", join(this.dir, "server.key"), "--tls-client-ca", join(this.dir, "ca.crt")] : []),
         ...extra,
       ],
-      { stdio: ["ignore", "pipe", "inherit"], env: { ...process.env, BUSMQ_LEASE_SECONDS: "3" } },
+      {
+        stdio: ["ignore", "pipe", "inherit"],
+        env: { ...process.env, BUSMQ_LEASE_SECONDS: "3", BUSMQ_GATEWAY_HTTP_LISTEN: "127.0.0.1:0" },
+      },
     );
     await waitForLine(this.gateway, "busmq gateway ready");
   }

@@ -101,6 +101,11 @@ class TargetStatus:
     channels: tuple[ChannelStatus, ...] = ()
     current_url: str = ""
     """The gateway URL in use (one of the target's URLs; see ``fallback_urls``)."""
+    outbox_age: float = 0.0
+    """Seconds the oldest push waiting for this target has waited (0 when none)."""
+    resumes: int = 0
+    """How often this process's consumer streams and channel ends were reopened and
+    resumed after a cut."""
 
     @property
     def lag_messages(self) -> int:
@@ -340,6 +345,7 @@ class FederationManager:
         result = []
         for url, link in self.links.items():
             queues = []
+            resumes = 0
             for queue in sorted((q for q in self._queues if q.target == url), key=_by_name):
                 lag = None
                 if queue._last_delivered is not None and link.usable:
@@ -348,6 +354,7 @@ class FederationManager:
                     except BusError as exc:
                         log.debug("lag of %s: %s", queue.name, exc)
                 queues.append(QueueStatus(queue.name, link.state, queue.outbox_depth, lag))
+                resumes += sum(c.reconnects for c in queue._consumers)
             channels = tuple(
                 ChannelStatus(c.name, c.role, c.state, link.state, c.outbox_depth, c.reconnects)
                 for c in sorted(self._channels_of(url), key=_by_name)
@@ -362,6 +369,8 @@ class FederationManager:
                     tuple(queues),
                     channels,
                     link.current_url,
+                    self.outbox.oldest_age(url) or 0.0,
+                    resumes + sum(c.reconnects for c in channels),
                 )
             )
         return result

@@ -125,7 +125,7 @@ class Outbox:
         self._lock_fd: int | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._db: sqlite3.Connection | None = None
-        self._oldest: dict[int, float] = {}  # committed rows: seq -> created, in seq order
+        self._oldest: dict[int, tuple[float, str]] = {}  # seq -> (created, target), seq order
         self._messages: Counter[str] = Counter()  # by target
         self._rows: Counter[str] = Counter()  # by target
         self._queue_rows: Counter[tuple[str, str]] = Counter()  # by (target, queue)
@@ -158,7 +158,7 @@ class Outbox:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="busmq-outbox")
         rows = await self._run(self._open_db)
         for seq, target, queue, count, created in rows:
-            self._oldest[seq] = created
+            self._oldest[seq] = (created, target)
             self._count(target, queue, count, +1)
         self._opened = True
         if rows:
@@ -225,10 +225,11 @@ class Outbox:
         """Messages waiting for ``queue`` on ``target``."""
         return self._queue_messages[(target, queue)]
 
-    def oldest_age(self) -> float | None:
-        """Seconds the oldest waiting push has waited, if any."""
-        for created in self._oldest.values():
-            return max(0.0, time.time() - created)
+    def oldest_age(self, target: str | None = None) -> float | None:
+        """Seconds the oldest waiting push (for one target, or of all) has waited, if any."""
+        for created, row_target in self._oldest.values():
+            if target is None or row_target == target:
+                return max(0.0, time.time() - created)
         return None
 
     # -- appending ------------------------------------------------------------------
@@ -287,7 +288,7 @@ class Outbox:
                 continue
             targets = set()
             for item, seq in zip(batch, seqs, strict=True):
-                self._oldest[seq] = item.row.created
+                self._oldest[seq] = (item.row.created, item.row.target)
                 targets.add(item.row.target)
                 if not item.future.done():
                     item.future.set_result(seq)
@@ -418,7 +419,7 @@ class Outbox:
             if new_seq is None:  # discarded or requeued concurrently
                 self._count(row_target, row_queue, count, -1)
                 continue
-            self._oldest[new_seq] = now
+            self._oldest[new_seq] = (now, row_target)
             targets.add(row_target)
             log.info("outbox %s: dead letter #%d requeued as #%d", self.path, old_seq, new_seq)
         for row_target in targets:

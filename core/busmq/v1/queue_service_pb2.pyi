@@ -357,3 +357,89 @@ class CloseQueueRequest(_message.Message):
 class CloseQueueResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class ListQueuesRequest(_message.Message):
+    __slots__ = ("prefix", "page_size", "page_token")
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    prefix: str
+    page_size: int
+    page_token: str
+    def __init__(self, prefix: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListQueuesResponse(_message.Message):
+    __slots__ = ("queues", "next_page_token", "total")
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    queues: _containers.RepeatedCompositeFieldContainer[QueueSummary]
+    next_page_token: str
+    total: int
+    def __init__(self, queues: _Optional[_Iterable[_Union[QueueSummary, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., total: _Optional[int] = ...) -> None: ...
+
+class QueueSummary(_message.Message):
+    __slots__ = ("queue", "shard", "count", "ready", "pending", "oldest_pending", "consumers", "attachments", "delayed", "dead_letters", "last_id", "delivered", "mode", "paused", "ttl", "rate_limit", "key_rate_limit")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_PENDING_FIELD_NUMBER: _ClassVar[int]
+    CONSUMERS_FIELD_NUMBER: _ClassVar[int]
+    ATTACHMENTS_FIELD_NUMBER: _ClassVar[int]
+    DELAYED_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTERS_FIELD_NUMBER: _ClassVar[int]
+    LAST_ID_FIELD_NUMBER: _ClassVar[int]
+    DELIVERED_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    TTL_FIELD_NUMBER: _ClassVar[int]
+    RATE_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    KEY_RATE_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    shard: str
+    count: int
+    ready: int
+    pending: int
+    oldest_pending: _duration_pb2.Duration
+    consumers: int
+    attachments: int
+    delayed: int
+    dead_letters: int
+    last_id: int
+    delivered: int
+    mode: str
+    paused: bool
+    ttl: _duration_pb2.Duration
+    rate_limit: RateLimit
+    key_rate_limit: RateLimit
+    def __init__(self, queue: _Optional[str] = ..., shard: _Optional[str] = ..., count: _Optional[int] = ..., ready: _Optional[int] = ..., pending: _Optional[int] = ..., oldest_pending: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., consumers: _Optional[int] = ..., attachments: _Optional[int] = ..., delayed: _Optional[int] = ..., dead_letters: _Optional[int] = ..., last_id: _Optional[int] = ..., delivered: _Optional[int] = ..., mode: _Optional[str] = ..., paused: _Optional[bool] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., rate_limit: _Optional[_Union[RateLimit, _Mapping]] = ..., key_rate_limit: _Optional[_Union[RateLimit, _Mapping]] = ...) -> None: ...
+
+class BrowseQueueRequest(_message.Message):
+    __slots__ = ("queue", "from_id", "to_id", "follow")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    FROM_ID_FIELD_NUMBER: _ClassVar[int]
+    TO_ID_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    from_id: int
+    to_id: int
+    follow: bool
+    def __init__(self, queue: _Optional[str] = ..., from_id: _Optional[int] = ..., to_id: _Optional[int] = ..., follow: _Optional[bool] = ...) -> None: ...
+
+class BrowseQueueResponse(_message.Message):
+    __slots__ = ("messages", "heartbeat", "state")
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    messages: MessageBatch
+    heartbeat: _types_pb2.Heartbeat
+    state: _types_pb2.StateEvent
+    def __init__(self, messages: _Optional[_Union[MessageBatch, _Mapping]] = ..., heartbeat: _Optional[_Union[_types_pb2.Heartbeat, _Mapping]] = ..., state: _Optional[_Union[_types_pb2.StateEvent, _Mapping]] = ...) -> None: ...
+
+class MessageBatch(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]
+    def __init__(self, messages: _Optional[_Iterable[_Union[_types_pb2.Message, _Mapping]]] = ...) -> None: ...

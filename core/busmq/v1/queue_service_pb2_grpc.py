@@ -114,6 +114,16 @@ class QueueServiceStub:
                 request_serializer=busmq_dot_v1_dot_queue__service__pb2.CloseQueueRequest.SerializeToString,
                 response_deserializer=busmq_dot_v1_dot_queue__service__pb2.CloseQueueResponse.FromString,
                 _registered_method=True)
+        self.ListQueues = channel.unary_unary(
+                '/busmq.v1.QueueService/ListQueues',
+                request_serializer=busmq_dot_v1_dot_queue__service__pb2.ListQueuesRequest.SerializeToString,
+                response_deserializer=busmq_dot_v1_dot_queue__service__pb2.ListQueuesResponse.FromString,
+                _registered_method=True)
+        self.BrowseQueue = channel.unary_stream(
+                '/busmq.v1.QueueService/BrowseQueue',
+                request_serializer=busmq_dot_v1_dot_queue__service__pb2.BrowseQueueRequest.SerializeToString,
+                response_deserializer=busmq_dot_v1_dot_queue__service__pb2.BrowseQueueResponse.FromString,
+                _registered_method=True)
 
 
 class QueueServiceServicer:
@@ -233,6 +243,22 @@ class QueueServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListQueues(self, request, context):
+        """Lists the bus's queues with their figures, by name, a page at a time.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BrowseQueue(self, request, context):
+        """Streams a queue's stored messages in order without consuming them (nothing is
+        acked, removed or counted as delivered, and the queue's mode is not fixed); with
+        `follow`, then each new message as it is stored.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_QueueServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -310,6 +336,16 @@ def add_QueueServiceServicer_to_server(servicer, server):
                     servicer.CloseQueue,
                     request_deserializer=busmq_dot_v1_dot_queue__service__pb2.CloseQueueRequest.FromString,
                     response_serializer=busmq_dot_v1_dot_queue__service__pb2.CloseQueueResponse.SerializeToString,
+            ),
+            'ListQueues': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListQueues,
+                    request_deserializer=busmq_dot_v1_dot_queue__service__pb2.ListQueuesRequest.FromString,
+                    response_serializer=busmq_dot_v1_dot_queue__service__pb2.ListQueuesResponse.SerializeToString,
+            ),
+            'BrowseQueue': grpc.unary_stream_rpc_method_handler(
+                    servicer.BrowseQueue,
+                    request_deserializer=busmq_dot_v1_dot_queue__service__pb2.BrowseQueueRequest.FromString,
+                    response_serializer=busmq_dot_v1_dot_queue__service__pb2.BrowseQueueResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -722,6 +758,60 @@ class QueueService:
             '/busmq.v1.QueueService/CloseQueue',
             busmq_dot_v1_dot_queue__service__pb2.CloseQueueRequest.SerializeToString,
             busmq_dot_v1_dot_queue__service__pb2.CloseQueueResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListQueues(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/busmq.v1.QueueService/ListQueues',
+            busmq_dot_v1_dot_queue__service__pb2.ListQueuesRequest.SerializeToString,
+            busmq_dot_v1_dot_queue__service__pb2.ListQueuesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BrowseQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/busmq.v1.QueueService/BrowseQueue',
+            busmq_dot_v1_dot_queue__service__pb2.BrowseQueueRequest.SerializeToString,
+            busmq_dot_v1_dot_queue__service__pb2.BrowseQueueResponse.FromString,
             options,
             channel_credentials,
             insecure,

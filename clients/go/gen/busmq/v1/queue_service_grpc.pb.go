@@ -51,6 +51,12 @@ type QueueServiceClient interface {
 	FlushQueue(ctx context.Context, in *FlushQueueRequest, opts ...grpc.CallOption) (*FlushQueueResponse, error)
 	// Destroys a queue for every client.
 	CloseQueue(ctx context.Context, in *CloseQueueRequest, opts ...grpc.CallOption) (*CloseQueueResponse, error)
+	// Lists the bus's queues with their figures, by name, a page at a time.
+	ListQueues(ctx context.Context, in *ListQueuesRequest, opts ...grpc.CallOption) (*ListQueuesResponse, error)
+	// Streams a queue's stored messages in order without consuming them (nothing is
+	// acked, removed or counted as delivered, and the queue's mode is not fixed); with
+	// `follow`, then each new message as it is stored.
+	BrowseQueue(ctx context.Context, in *BrowseQueueRequest, opts ...grpc.CallOption) (QueueService_BrowseQueueClient, error)
 }
 
 type queueServiceClient struct {
@@ -219,6 +225,47 @@ func (c *queueServiceClient) CloseQueue(ctx context.Context, in *CloseQueueReque
 	return out, nil
 }
 
+func (c *queueServiceClient) ListQueues(ctx context.Context, in *ListQueuesRequest, opts ...grpc.CallOption) (*ListQueuesResponse, error) {
+	out := new(ListQueuesResponse)
+	err := c.cc.Invoke(ctx, "/busmq.v1.QueueService/ListQueues", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *queueServiceClient) BrowseQueue(ctx context.Context, in *BrowseQueueRequest, opts ...grpc.CallOption) (QueueService_BrowseQueueClient, error) {
+	stream, err := c.cc.NewStream(ctx, &_QueueService_serviceDesc.Streams[1], "/busmq.v1.QueueService/BrowseQueue", opts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &queueServiceBrowseQueueClient{stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+type QueueService_BrowseQueueClient interface {
+	Recv() (*BrowseQueueResponse, error)
+	grpc.ClientStream
+}
+
+type queueServiceBrowseQueueClient struct {
+	grpc.ClientStream
+}
+
+func (x *queueServiceBrowseQueueClient) Recv() (*BrowseQueueResponse, error) {
+	m := new(BrowseQueueResponse)
+	if err := x.ClientStream.RecvMsg(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
 // QueueServiceServer is the server API for QueueService service.
 // All implementations must embed UnimplementedQueueServiceServer
 // for forward compatibility
@@ -257,6 +304,12 @@ type QueueServiceServer interface {
 	FlushQueue(context.Context, *FlushQueueRequest) (*FlushQueueResponse, error)
 	// Destroys a queue for every client.
 	CloseQueue(context.Context, *CloseQueueRequest) (*CloseQueueResponse, error)
+	// Lists the bus's queues with their figures, by name, a page at a time.
+	ListQueues(context.Context, *ListQueuesRequest) (*ListQueuesResponse, error)
+	// Streams a queue's stored messages in order without consuming them (nothing is
+	// acked, removed or counted as delivered, and the queue's mode is not fixed); with
+	// `follow`, then each new message as it is stored.
+	BrowseQueue(*BrowseQueueRequest, QueueService_BrowseQueueServer) error
 	mustEmbedUnimplementedQueueServiceServer()
 }
 
@@ -308,6 +361,12 @@ func (UnimplementedQueueServiceServer) FlushQueue(context.Context, *FlushQueueRe
 }
 func (UnimplementedQueueServiceServer) CloseQueue(context.Context, *CloseQueueRequest) (*CloseQueueResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method CloseQueue not implemented")
+}
+func (UnimplementedQueueServiceServer) ListQueues(context.Context, *ListQueuesRequest) (*ListQueuesResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListQueues not implemented")
+}
+func (UnimplementedQueueServiceServer) BrowseQueue(*BrowseQueueRequest, QueueService_BrowseQueueServer) error {
+	return status.Errorf(codes.Unimplemented, "method BrowseQueue not implemented")
 }
 func (UnimplementedQueueServiceServer) mustEmbedUnimplementedQueueServiceServer() {}
 
@@ -595,6 +654,45 @@ func _QueueService_CloseQueue_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _QueueService_ListQueues_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListQueuesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(QueueServiceServer).ListQueues(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/busmq.v1.QueueService/ListQueues",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(QueueServiceServer).ListQueues(ctx, req.(*ListQueuesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _QueueService_BrowseQueue_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(BrowseQueueRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(QueueServiceServer).BrowseQueue(m, &queueServiceBrowseQueueServer{stream})
+}
+
+type QueueService_BrowseQueueServer interface {
+	Send(*BrowseQueueResponse) error
+	grpc.ServerStream
+}
+
+type queueServiceBrowseQueueServer struct {
+	grpc.ServerStream
+}
+
+func (x *queueServiceBrowseQueueServer) Send(m *BrowseQueueResponse) error {
+	return x.ServerStream.SendMsg(m)
+}
+
 var _QueueService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "busmq.v1.QueueService",
 	HandlerType: (*QueueServiceServer)(nil),
@@ -655,11 +753,20 @@ var _QueueService_serviceDesc = grpc.ServiceDesc{
 			MethodName: "CloseQueue",
 			Handler:    _QueueService_CloseQueue_Handler,
 		},
+		{
+			MethodName: "ListQueues",
+			Handler:    _QueueService_ListQueues_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
 			StreamName:    "Consume",
 			Handler:       _QueueService_Consume_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "BrowseQueue",
+			Handler:       _QueueService_BrowseQueue_Handler,
 			ServerStreams: true,
 		},
 	},

@@ -4,7 +4,7 @@
 
 import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
-import type { ConsumeMode, Delivery, Heartbeat, OutgoingMessage, StateEvent } from "./types_pb.js";
+import type { ConsumeMode, Delivery, Heartbeat, Message as Message$1, OutgoingMessage, StateEvent } from "./types_pb.js";
 import { file_busmq_v1_types } from "./types_pb.js";
 import type { Duration, Timestamp } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_duration, file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
@@ -16,7 +16,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file busmq/v1/queue_service.proto.
  */
 export const file_busmq_v1_queue_service: GenFile = /*@__PURE__*/
-  fileDesc("ChxidXNtcS92MS9xdWV1ZV9zZXJ2aWNlLnByb3RvEghidXNtcS52MSK8AQoSQXR0YWNoUXVldWVSZXF1ZXN0Eg0KBXF1ZXVlGAEgASgJEiYKA3R0bBgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhISCgptYXhfbGVuZ3RoGAMgASgEEioKB21heF9hZ2UYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SEwoLbWF4X2JhY2tsb2cYBSABKAQSGgoScmVtb3ZlX21heF9iYWNrbG9nGAYgASgIInAKE0F0dGFjaFF1ZXVlUmVzcG9uc2USFQoNYXR0YWNobWVudF9pZBgBIAEoCRIPCgdjcmVhdGVkGAIgASgIEjEKDmxlYXNlX2R1cmF0aW9uGAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIi8KFlJlbmV3QXR0YWNobWVudFJlcXVlc3QSFQoNYXR0YWNobWVudF9pZBgBIAEoCSIZChdSZW5ld0F0dGFjaG1lbnRSZXNwb25zZSIrChJEZXRhY2hRdWV1ZVJlcXVlc3QSFQoNYXR0YWNobWVudF9pZBgBIAEoCSIVChNEZXRhY2hRdWV1ZVJlc3BvbnNlIqMCCgtQdXNoUmVxdWVzdBINCgVxdWV1ZRgBIAEoCRIrCghtZXNzYWdlcxgCIAMoCzIZLmJ1c21xLnYxLk91dGdvaW5nTWVzc2FnZRISCgpyZXF1ZXN0X2lkGAMgASgJEhIKCmR1cmFiaWxpdHkYBCABKAkSKAoFZGVsYXkYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SLgoKZGVsaXZlcl9hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASJgoDdHRsGAcgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEi4KCmV4cGlyZXNfYXQYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIi4KDFB1c2hSZXNwb25zZRILCgNpZHMYASADKAQSEQoJZHVwbGljYXRlGAIgASgIIlcKD1B1c2hNYW55UmVxdWVzdBIlCgZwdXNoZXMYASADKAsyFS5idXNtcS52MS5QdXNoUmVxdWVzdBIdChVzdG9wX3F1ZXVlX2F0X2ZhaWx1cmUYAiABKAgiOwoQUHVzaE1hbnlSZXNwb25zZRInCghvdXRjb21lcxgBIAMoCzIVLmJ1c21xLnYxLlB1c2hPdXRjb21lImcKC1B1c2hPdXRjb21lEigKBnJlc3VsdBgBIAEoCzIWLmJ1c21xLnYxLlB1c2hSZXNwb25zZUgAEiMKBWVycm9yGAIgASgLMhIuZ29vZ2xlLnJwYy5TdGF0dXNIAEIJCgdvdXRjb21lIpQCCg5Db25zdW1lUmVxdWVzdBINCgVxdWV1ZRgBIAEoCRIjCgRtb2RlGAIgASgOMhUuYnVzbXEudjEuQ29uc3VtZU1vZGUSDwoHZnJvbV9pZBgDIAEoBBITCgtmcm9tX2xhdGVzdBgEIAEoCBILCgNtYXgYBSABKAQSEAoIcHJlZmV0Y2gYBiABKA0SNQoSdmlzaWJpbGl0eV90aW1lb3V0GAcgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg0KBWJhdGNoGAggASgIEhYKDm1heF9kZWxpdmVyaWVzGAkgASgNEisKDHJldHJ5X3BvbGljeRgKIAEoCzIVLmJ1c21xLnYxLlJldHJ5UG9saWN5IocBCgtSZXRyeVBvbGljeRIqCgdpbml0aWFsGAEgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg4KBmZhY3RvchgCIAEoARIsCgltYXhfZGVsYXkYAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SDgoGaml0dGVyGAQgASgBIk8KCVJhdGVMaW1pdBINCgVsaW1pdBgBIAEoDRImCgNwZXIYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SCwoDa2V5GAMgASgJIuoBCg9Db25zdW1lUmVzcG9uc2USKwoHc3RhcnRlZBgBIAEoCzIYLmJ1c21xLnYxLkNvbnN1bWVTdGFydGVkSAASJgoIZGVsaXZlcnkYAiABKAsyEi5idXNtcS52MS5EZWxpdmVyeUgAEigKCWhlYXJ0YmVhdBgDIAEoCzITLmJ1c21xLnYxLkhlYXJ0YmVhdEgAEiUKBXN0YXRlGAQgASgLMhQuYnVzbXEudjEuU3RhdGVFdmVudEgAEigKBWJhdGNoGAUgASgLMhcuYnVzbXEudjEuRGVsaXZlcnlCYXRjaEgAQgcKBWV2ZW50IjcKDURlbGl2ZXJ5QmF0Y2gSJgoKZGVsaXZlcmllcxgBIAMoCzISLmJ1c21xLnYxLkRlbGl2ZXJ5IiUKDkNvbnN1bWVTdGFydGVkEhMKC2NvbnN1bWVyX2lkGAEgASgJIk8KCkFja1JlcXVlc3QSDQoFcXVldWUYASABKAkSCwoDaWRzGAIgAygEEhAKCHVwX3RvX2lkGAMgASgEEhMKC2NvbnN1bWVyX2lkGAQgASgJIjEKC0Fja1Jlc3BvbnNlEg0KBWFja2VkGAEgASgEEhMKC3Vua25vd25faWRzGAIgAygEIncKC05hY2tSZXF1ZXN0Eg0KBXF1ZXVlGAEgASgJEhMKC2NvbnN1bWVyX2lkGAIgASgJEgsKA2lkcxgDIAMoBBIoCgVkZWxheRgEIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhINCgVlcnJvchgFIAEoCSIjCgxOYWNrUmVzcG9uc2USEwoLdW5rbm93bl9pZHMYASADKAQiUAoNUmVqZWN0UmVxdWVzdBINCgVxdWV1ZRgBIAEoCRITCgtjb25zdW1lcl9pZBgCIAEoCRILCgNpZHMYAyADKAQSDgoGcmVhc29uGAQgASgJIiUKDlJlamVjdFJlc3BvbnNlEhMKC3Vua25vd25faWRzGAEgAygEIj8KElJlcXVldWVEZWFkUmVxdWVzdBINCgVxdWV1ZRgBIAEoCRILCgNpZHMYAiADKAQSDQoFbGltaXQYAyABKAQiIgoTUmVxdWV1ZURlYWRSZXNwb25zZRILCgNpZHMYASADKAQi7AEKGlVwZGF0ZVF1ZXVlQ29udHJvbHNSZXF1ZXN0Eg0KBXF1ZXVlGAEgASgJEhMKBnBhdXNlZBgCIAEoCEgAiAEBEicKCnJhdGVfbGltaXQYAyABKAsyEy5idXNtcS52MS5SYXRlTGltaXQSGgoScmVtb3ZlX3JhdGVfbGltaXRzGAQgASgIEhsKDm1heF9kZWxpdmVyaWVzGAUgASgNSAGIAQESGQoMZHJvcF9leHBpcmVkGAYgASgISAKIAQFCCQoHX3BhdXNlZEIRCg9fbWF4X2RlbGl2ZXJpZXNCDwoNX2Ryb3BfZXhwaXJlZCIdChtVcGRhdGVRdWV1ZUNvbnRyb2xzUmVzcG9uc2UiIAoPR2V0UXVldWVSZXF1ZXN0Eg0KBXF1ZXVlGAEgASgJIrADChBHZXRRdWV1ZVJlc3BvbnNlEg0KBXF1ZXVlGAEgASgJEg0KBWNvdW50GAIgASgEEiYKA3R0bBgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIPCgdsYXN0X2lkGAQgASgEEjoKCG1ldGFkYXRhGAUgAygLMiguYnVzbXEudjEuR2V0UXVldWVSZXNwb25zZS5NZXRhZGF0YUVudHJ5Eg8KB3BlbmRpbmcYBiABKAQSDwoHZGVsYXllZBgHIAEoBBIUCgxkZWFkX2xldHRlcnMYCCABKAQSDgoGcGF1c2VkGAkgASgIEicKCnJhdGVfbGltaXQYCiABKAsyEy5idXNtcS52MS5SYXRlTGltaXQSKwoOa2V5X3JhdGVfbGltaXQYCyABKAsyEy5idXNtcS52MS5SYXRlTGltaXQSFgoObWF4X2RlbGl2ZXJpZXMYDCABKA0SFAoMZHJvcF9leHBpcmVkGA0gASgIEgwKBG1vZGUYDiABKAkaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIqIBChpVcGRhdGVRdWV1ZU1ldGFkYXRhUmVxdWVzdBINCgVxdWV1ZRgBIAEoCRJECghtZXRhZGF0YRgCIAMoCzIyLmJ1c21xLnYxLlVwZGF0ZVF1ZXVlTWV0YWRhdGFSZXF1ZXN0Lk1ldGFkYXRhRW50cnkaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIh0KG1VwZGF0ZVF1ZXVlTWV0YWRhdGFSZXNwb25zZSIiChFGbHVzaFF1ZXVlUmVxdWVzdBINCgVxdWV1ZRgBIAEoCSIUChJGbHVzaFF1ZXVlUmVzcG9uc2UiIgoRQ2xvc2VRdWV1ZVJlcXVlc3QSDQoFcXVldWUYASABKAkiFAoSQ2xvc2VRdWV1ZVJlc3BvbnNlMssICgxRdWV1ZVNlcnZpY2USSgoLQXR0YWNoUXVldWUSHC5idXNtcS52MS5BdHRhY2hRdWV1ZVJlcXVlc3QaHS5idXNtcS52MS5BdHRhY2hRdWV1ZVJlc3BvbnNlElYKD1JlbmV3QXR0YWNobWVudBIgLmJ1c21xLnYxLlJlbmV3QXR0YWNobWVudFJlcXVlc3QaIS5idXNtcS52MS5SZW5ld0F0dGFjaG1lbnRSZXNwb25zZRJKCgtEZXRhY2hRdWV1ZRIcLmJ1c21xLnYxLkRldGFjaFF1ZXVlUmVxdWVzdBodLmJ1c21xLnYxLkRldGFjaFF1ZXVlUmVzcG9uc2USNQoEUHVzaBIVLmJ1c21xLnYxLlB1c2hSZXF1ZXN0GhYuYnVzbXEudjEuUHVzaFJlc3BvbnNlEkEKCFB1c2hNYW55EhkuYnVzbXEudjEuUHVzaE1hbnlSZXF1ZXN0GhouYnVzbXEudjEuUHVzaE1hbnlSZXNwb25zZRJACgdDb25zdW1lEhguYnVzbXEudjEuQ29uc3VtZVJlcXVlc3QaGS5idXNtcS52MS5Db25zdW1lUmVzcG9uc2UwARIyCgNBY2sSFC5idXNtcS52MS5BY2tSZXF1ZXN0GhUuYnVzbXEudjEuQWNrUmVzcG9uc2USNQoETmFjaxIVLmJ1c21xLnYxLk5hY2tSZXF1ZXN0GhYuYnVzbXEudjEuTmFja1Jlc3BvbnNlEjsKBlJlamVjdBIXLmJ1c21xLnYxLlJlamVjdFJlcXVlc3QaGC5idXNtcS52MS5SZWplY3RSZXNwb25zZRJKCgtSZXF1ZXVlRGVhZBIcLmJ1c21xLnYxLlJlcXVldWVEZWFkUmVxdWVzdBodLmJ1c21xLnYxLlJlcXVldWVEZWFkUmVzcG9uc2USYgoTVXBkYXRlUXVldWVDb250cm9scxIkLmJ1c21xLnYxLlVwZGF0ZVF1ZXVlQ29udHJvbHNSZXF1ZXN0GiUuYnVzbXEudjEuVXBkYXRlUXVldWVDb250cm9sc1Jlc3BvbnNlEkEKCEdldFF1ZXVlEhkuYnVzbXEudjEuR2V0UXVldWVSZXF1ZXN0GhouYnVzbXEudjEuR2V0UXVldWVSZXNwb25zZRJiChNVcGRhdGVRdWV1ZU1ldGFkYXRhEiQuYnVzbXEudjEuVXBkYXRlUXVldWVNZXRhZGF0YVJlcXVlc3QaJS5idXNtcS52MS5VcGRhdGVRdWV1ZU1ldGFkYXRhUmVzcG9uc2USRwoKRmx1c2hRdWV1ZRIbLmJ1c21xLnYxLkZsdXNoUXVldWVSZXF1ZXN0GhwuYnVzbXEudjEuRmx1c2hRdWV1ZVJlc3BvbnNlEkcKCkNsb3NlUXVldWUSGy5idXNtcS52MS5DbG9zZVF1ZXVlUmVxdWVzdBocLmJ1c21xLnYxLkNsb3NlUXVldWVSZXNwb25zZWIGcHJvdG8z", [file_busmq_v1_types, file_google_protobuf_duration, file_google_protobuf_timestamp, file_google_rpc_status]);
+  fileDesc("ChxidXNtcS92MS9xdWV1ZV9zZXJ2aWNlLnByb3RvEghidXNtcS52MSK8AQoSQXR0YWNoUXVldWVSZXF1ZXN0Eg0KBXF1ZXVlGAEgASgJEiYKA3R0bBgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhISCgptYXhfbGVuZ3RoGAMgASgEEioKB21heF9hZ2UYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SEwoLbWF4X2JhY2tsb2cYBSABKAQSGgoScmVtb3ZlX21heF9iYWNrbG9nGAYgASgIInAKE0F0dGFjaFF1ZXVlUmVzcG9uc2USFQoNYXR0YWNobWVudF9pZBgBIAEoCRIPCgdjcmVhdGVkGAIgASgIEjEKDmxlYXNlX2R1cmF0aW9uGAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIi8KFlJlbmV3QXR0YWNobWVudFJlcXVlc3QSFQoNYXR0YWNobWVudF9pZBgBIAEoCSIZChdSZW5ld0F0dGFjaG1lbnRSZXNwb25zZSIrChJEZXRhY2hRdWV1ZVJlcXVlc3QSFQoNYXR0YWNobWVudF9pZBgBIAEoCSIVChNEZXRhY2hRdWV1ZVJlc3BvbnNlIqMCCgtQdXNoUmVxdWVzdBINCgVxdWV1ZRgBIAEoCRIrCghtZXNzYWdlcxgCIAMoCzIZLmJ1c21xLnYxLk91dGdvaW5nTWVzc2FnZRISCgpyZXF1ZXN0X2lkGAMgASgJEhIKCmR1cmFiaWxpdHkYBCABKAkSKAoFZGVsYXkYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SLgoKZGVsaXZlcl9hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASJgoDdHRsGAcgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEi4KCmV4cGlyZXNfYXQYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIi4KDFB1c2hSZXNwb25zZRILCgNpZHMYASADKAQSEQoJZHVwbGljYXRlGAIgASgIIlcKD1B1c2hNYW55UmVxdWVzdBIlCgZwdXNoZXMYASADKAsyFS5idXNtcS52MS5QdXNoUmVxdWVzdBIdChVzdG9wX3F1ZXVlX2F0X2ZhaWx1cmUYAiABKAgiOwoQUHVzaE1hbnlSZXNwb25zZRInCghvdXRjb21lcxgBIAMoCzIVLmJ1c21xLnYxLlB1c2hPdXRjb21lImcKC1B1c2hPdXRjb21lEigKBnJlc3VsdBgBIAEoCzIWLmJ1c21xLnYxLlB1c2hSZXNwb25zZUgAEiMKBWVycm9yGAIgASgLMhIuZ29vZ2xlLnJwYy5TdGF0dXNIAEIJCgdvdXRjb21lIpQCCg5Db25zdW1lUmVxdWVzdBINCgVxdWV1ZRgBIAEoCRIjCgRtb2RlGAIgASgOMhUuYnVzbXEudjEuQ29uc3VtZU1vZGUSDwoHZnJvbV9pZBgDIAEoBBITCgtmcm9tX2xhdGVzdBgEIAEoCBILCgNtYXgYBSABKAQSEAoIcHJlZmV0Y2gYBiABKA0SNQoSdmlzaWJpbGl0eV90aW1lb3V0GAcgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg0KBWJhdGNoGAggASgIEhYKDm1heF9kZWxpdmVyaWVzGAkgASgNEisKDHJldHJ5X3BvbGljeRgKIAEoCzIVLmJ1c21xLnYxLlJldHJ5UG9saWN5IocBCgtSZXRyeVBvbGljeRIqCgdpbml0aWFsGAEgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg4KBmZhY3RvchgCIAEoARIsCgltYXhfZGVsYXkYAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SDgoGaml0dGVyGAQgASgBIk8KCVJhdGVMaW1pdBINCgVsaW1pdBgBIAEoDRImCgNwZXIYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SCwoDa2V5GAMgASgJIuoBCg9Db25zdW1lUmVzcG9uc2USKwoHc3RhcnRlZBgBIAEoCzIYLmJ1c21xLnYxLkNvbnN1bWVTdGFydGVkSAASJgoIZGVsaXZlcnkYAiABKAsyEi5idXNtcS52MS5EZWxpdmVyeUgAEigKCWhlYXJ0YmVhdBgDIAEoCzITLmJ1c21xLnYxLkhlYXJ0YmVhdEgAEiUKBXN0YXRlGAQgASgLMhQuYnVzbXEudjEuU3RhdGVFdmVudEgAEigKBWJhdGNoGAUgASgLMhcuYnVzbXEudjEuRGVsaXZlcnlCYXRjaEgAQgcKBWV2ZW50IjcKDURlbGl2ZXJ5QmF0Y2gSJgoKZGVsaXZlcmllcxgBIAMoCzISLmJ1c21xLnYxLkRlbGl2ZXJ5IiUKDkNvbnN1bWVTdGFydGVkEhMKC2NvbnN1bWVyX2lkGAEgASgJIk8KCkFja1JlcXVlc3QSDQoFcXVldWUYASABKAkSCwoDaWRzGAIgAygEEhAKCHVwX3RvX2lkGAMgASgEEhMKC2NvbnN1bWVyX2lkGAQgASgJIjEKC0Fja1Jlc3BvbnNlEg0KBWFja2VkGAEgASgEEhMKC3Vua25vd25faWRzGAIgAygEIncKC05hY2tSZXF1ZXN0Eg0KBXF1ZXVlGAEgASgJEhMKC2NvbnN1bWVyX2lkGAIgASgJEgsKA2lkcxgDIAMoBBIoCgVkZWxheRgEIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhINCgVlcnJvchgFIAEoCSIjCgxOYWNrUmVzcG9uc2USEwoLdW5rbm93bl9pZHMYASADKAQiUAoNUmVqZWN0UmVxdWVzdBINCgVxdWV1ZRgBIAEoCRITCgtjb25zdW1lcl9pZBgCIAEoCRILCgNpZHMYAyADKAQSDgoGcmVhc29uGAQgASgJIiUKDlJlamVjdFJlc3BvbnNlEhMKC3Vua25vd25faWRzGAEgAygEIj8KElJlcXVldWVEZWFkUmVxdWVzdBINCgVxdWV1ZRgBIAEoCRILCgNpZHMYAiADKAQSDQoFbGltaXQYAyABKAQiIgoTUmVxdWV1ZURlYWRSZXNwb25zZRILCgNpZHMYASADKAQi7AEKGlVwZGF0ZVF1ZXVlQ29udHJvbHNSZXF1ZXN0Eg0KBXF1ZXVlGAEgASgJEhMKBnBhdXNlZBgCIAEoCEgAiAEBEicKCnJhdGVfbGltaXQYAyABKAsyEy5idXNtcS52MS5SYXRlTGltaXQSGgoScmVtb3ZlX3JhdGVfbGltaXRzGAQgASgIEhsKDm1heF9kZWxpdmVyaWVzGAUgASgNSAGIAQESGQoMZHJvcF9leHBpcmVkGAYgASgISAKIAQFCCQoHX3BhdXNlZEIRCg9fbWF4X2RlbGl2ZXJpZXNCDwoNX2Ryb3BfZXhwaXJlZCIdChtVcGRhdGVRdWV1ZUNvbnRyb2xzUmVzcG9uc2UiIAoPR2V0UXVldWVSZXF1ZXN0Eg0KBXF1ZXVlGAEgASgJIrADChBHZXRRdWV1ZVJlc3BvbnNlEg0KBXF1ZXVlGAEgASgJEg0KBWNvdW50GAIgASgEEiYKA3R0bBgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIPCgdsYXN0X2lkGAQgASgEEjoKCG1ldGFkYXRhGAUgAygLMiguYnVzbXEudjEuR2V0UXVldWVSZXNwb25zZS5NZXRhZGF0YUVudHJ5Eg8KB3BlbmRpbmcYBiABKAQSDwoHZGVsYXllZBgHIAEoBBIUCgxkZWFkX2xldHRlcnMYCCABKAQSDgoGcGF1c2VkGAkgASgIEicKCnJhdGVfbGltaXQYCiABKAsyEy5idXNtcS52MS5SYXRlTGltaXQSKwoOa2V5X3JhdGVfbGltaXQYCyABKAsyEy5idXNtcS52MS5SYXRlTGltaXQSFgoObWF4X2RlbGl2ZXJpZXMYDCABKA0SFAoMZHJvcF9leHBpcmVkGA0gASgIEgwKBG1vZGUYDiABKAkaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIqIBChpVcGRhdGVRdWV1ZU1ldGFkYXRhUmVxdWVzdBINCgVxdWV1ZRgBIAEoCRJECghtZXRhZGF0YRgCIAMoCzIyLmJ1c21xLnYxLlVwZGF0ZVF1ZXVlTWV0YWRhdGFSZXF1ZXN0Lk1ldGFkYXRhRW50cnkaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIh0KG1VwZGF0ZVF1ZXVlTWV0YWRhdGFSZXNwb25zZSIiChFGbHVzaFF1ZXVlUmVxdWVzdBINCgVxdWV1ZRgBIAEoCSIUChJGbHVzaFF1ZXVlUmVzcG9uc2UiIgoRQ2xvc2VRdWV1ZVJlcXVlc3QSDQoFcXVldWUYASABKAkiFAoSQ2xvc2VRdWV1ZVJlc3BvbnNlIkoKEUxpc3RRdWV1ZXNSZXF1ZXN0Eg4KBnByZWZpeBgBIAEoCRIRCglwYWdlX3NpemUYAiABKA0SEgoKcGFnZV90b2tlbhgDIAEoCSJkChJMaXN0UXVldWVzUmVzcG9uc2USJgoGcXVldWVzGAEgAygLMhYuYnVzbXEudjEuUXVldWVTdW1tYXJ5EhcKD25leHRfcGFnZV90b2tlbhgCIAEoCRINCgV0b3RhbBgDIAEoBCKdAwoMUXVldWVTdW1tYXJ5Eg0KBXF1ZXVlGAEgASgJEg0KBXNoYXJkGAIgASgJEg0KBWNvdW50GAMgASgEEg0KBXJlYWR5GAQgASgEEg8KB3BlbmRpbmcYBSABKAQSMQoOb2xkZXN0X3BlbmRpbmcYBiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SEQoJY29uc3VtZXJzGAcgASgNEhMKC2F0dGFjaG1lbnRzGAggASgNEg8KB2RlbGF5ZWQYCSABKAQSFAoMZGVhZF9sZXR0ZXJzGAogASgEEg8KB2xhc3RfaWQYCyABKAQSEQoJZGVsaXZlcmVkGAwgASgEEgwKBG1vZGUYDSABKAkSDgoGcGF1c2VkGA4gASgIEiYKA3R0bBgPIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhInCgpyYXRlX2xpbWl0GBAgASgLMhMuYnVzbXEudjEuUmF0ZUxpbWl0EisKDmtleV9yYXRlX2xpbWl0GBEgASgLMhMuYnVzbXEudjEuUmF0ZUxpbWl0IlMKEkJyb3dzZVF1ZXVlUmVxdWVzdBINCgVxdWV1ZRgBIAEoCRIPCgdmcm9tX2lkGAIgASgEEg0KBXRvX2lkGAMgASgEEg4KBmZvbGxvdxgEIAEoCCKbAQoTQnJvd3NlUXVldWVSZXNwb25zZRIqCghtZXNzYWdlcxgBIAEoCzIWLmJ1c21xLnYxLk1lc3NhZ2VCYXRjaEgAEigKCWhlYXJ0YmVhdBgCIAEoCzITLmJ1c21xLnYxLkhlYXJ0YmVhdEgAEiUKBXN0YXRlGAMgASgLMhQuYnVzbXEudjEuU3RhdGVFdmVudEgAQgcKBWV2ZW50IjMKDE1lc3NhZ2VCYXRjaBIjCghtZXNzYWdlcxgBIAMoCzIRLmJ1c21xLnYxLk1lc3NhZ2Uy4gkKDFF1ZXVlU2VydmljZRJKCgtBdHRhY2hRdWV1ZRIcLmJ1c21xLnYxLkF0dGFjaFF1ZXVlUmVxdWVzdBodLmJ1c21xLnYxLkF0dGFjaFF1ZXVlUmVzcG9uc2USVgoPUmVuZXdBdHRhY2htZW50EiAuYnVzbXEudjEuUmVuZXdBdHRhY2htZW50UmVxdWVzdBohLmJ1c21xLnYxLlJlbmV3QXR0YWNobWVudFJlc3BvbnNlEkoKC0RldGFjaFF1ZXVlEhwuYnVzbXEudjEuRGV0YWNoUXVldWVSZXF1ZXN0Gh0uYnVzbXEudjEuRGV0YWNoUXVldWVSZXNwb25zZRI1CgRQdXNoEhUuYnVzbXEudjEuUHVzaFJlcXVlc3QaFi5idXNtcS52MS5QdXNoUmVzcG9uc2USQQoIUHVzaE1hbnkSGS5idXNtcS52MS5QdXNoTWFueVJlcXVlc3QaGi5idXNtcS52MS5QdXNoTWFueVJlc3BvbnNlEkAKB0NvbnN1bWUSGC5idXNtcS52MS5Db25zdW1lUmVxdWVzdBoZLmJ1c21xLnYxLkNvbnN1bWVSZXNwb25zZTABEjIKA0FjaxIULmJ1c21xLnYxLkFja1JlcXVlc3QaFS5idXNtcS52MS5BY2tSZXNwb25zZRI1CgROYWNrEhUuYnVzbXEudjEuTmFja1JlcXVlc3QaFi5idXNtcS52MS5OYWNrUmVzcG9uc2USOwoGUmVqZWN0EhcuYnVzbXEudjEuUmVqZWN0UmVxdWVzdBoYLmJ1c21xLnYxLlJlamVjdFJlc3BvbnNlEkoKC1JlcXVldWVEZWFkEhwuYnVzbXEudjEuUmVxdWV1ZURlYWRSZXF1ZXN0Gh0uYnVzbXEudjEuUmVxdWV1ZURlYWRSZXNwb25zZRJiChNVcGRhdGVRdWV1ZUNvbnRyb2xzEiQuYnVzbXEudjEuVXBkYXRlUXVldWVDb250cm9sc1JlcXVlc3QaJS5idXNtcS52MS5VcGRhdGVRdWV1ZUNvbnRyb2xzUmVzcG9uc2USQQoIR2V0UXVldWUSGS5idXNtcS52MS5HZXRRdWV1ZVJlcXVlc3QaGi5idXNtcS52MS5HZXRRdWV1ZVJlc3BvbnNlEmIKE1VwZGF0ZVF1ZXVlTWV0YWRhdGESJC5idXNtcS52MS5VcGRhdGVRdWV1ZU1ldGFkYXRhUmVxdWVzdBolLmJ1c21xLnYxLlVwZGF0ZVF1ZXVlTWV0YWRhdGFSZXNwb25zZRJHCgpGbHVzaFF1ZXVlEhsuYnVzbXEudjEuRmx1c2hRdWV1ZVJlcXVlc3QaHC5idXNtcS52MS5GbHVzaFF1ZXVlUmVzcG9uc2USRwoKQ2xvc2VRdWV1ZRIbLmJ1c21xLnYxLkNsb3NlUXVldWVSZXF1ZXN0GhwuYnVzbXEudjEuQ2xvc2VRdWV1ZVJlc3BvbnNlEkcKCkxpc3RRdWV1ZXMSGy5idXNtcS52MS5MaXN0UXVldWVzUmVxdWVzdBocLmJ1c21xLnYxLkxpc3RRdWV1ZXNSZXNwb25zZRJMCgtCcm93c2VRdWV1ZRIcLmJ1c21xLnYxLkJyb3dzZVF1ZXVlUmVxdWVzdBodLmJ1c21xLnYxLkJyb3dzZVF1ZXVlUmVzcG9uc2UwAWIGcHJvdG8z", [file_busmq_v1_types, file_google_protobuf_duration, file_google_protobuf_timestamp, file_google_rpc_status]);
 
 /**
  * @generated from message busmq.v1.AttachQueueRequest
@@ -1073,6 +1073,277 @@ export const CloseQueueResponseSchema: GenMessage<CloseQueueResponse> = /*@__PUR
   messageDesc(file_busmq_v1_queue_service, 34);
 
 /**
+ * @generated from message busmq.v1.ListQueuesRequest
+ */
+export type ListQueuesRequest = Message<"busmq.v1.ListQueuesRequest"> & {
+  /**
+   * Only queues whose name starts with this.
+   *
+   * @generated from field: string prefix = 1;
+   */
+  prefix: string;
+
+  /**
+   * At most this many queues (0: 1,000; at most 10,000).
+   *
+   * @generated from field: uint32 page_size = 2;
+   */
+  pageSize: number;
+
+  /**
+   * The next_page_token of the previous page (empty: the first page).
+   *
+   * @generated from field: string page_token = 3;
+   */
+  pageToken: string;
+};
+
+/**
+ * Describes the message busmq.v1.ListQueuesRequest.
+ * Use `create(ListQueuesRequestSchema)` to create a new message.
+ */
+export const ListQueuesRequestSchema: GenMessage<ListQueuesRequest> = /*@__PURE__*/
+  messageDesc(file_busmq_v1_queue_service, 35);
+
+/**
+ * @generated from message busmq.v1.ListQueuesResponse
+ */
+export type ListQueuesResponse = Message<"busmq.v1.ListQueuesResponse"> & {
+  /**
+   * @generated from field: repeated busmq.v1.QueueSummary queues = 1;
+   */
+  queues: QueueSummary[];
+
+  /**
+   * Pass as page_token for the next page; empty on the last page.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  nextPageToken: string;
+
+  /**
+   * Queues matching the prefix, on every page together.
+   *
+   * @generated from field: uint64 total = 3;
+   */
+  total: bigint;
+};
+
+/**
+ * Describes the message busmq.v1.ListQueuesResponse.
+ * Use `create(ListQueuesResponseSchema)` to create a new message.
+ */
+export const ListQueuesResponseSchema: GenMessage<ListQueuesResponse> = /*@__PURE__*/
+  messageDesc(file_busmq_v1_queue_service, 36);
+
+/**
+ * A queue's figures as Redis holds them (every client's doing).
+ *
+ * @generated from message busmq.v1.QueueSummary
+ */
+export type QueueSummary = Message<"busmq.v1.QueueSummary"> & {
+  /**
+   * @generated from field: string queue = 1;
+   */
+  queue: string;
+
+  /**
+   * The shard that holds it.
+   *
+   * @generated from field: string shard = 2;
+   */
+  shard: string;
+
+  /**
+   * Entries in the stream: ready, pending, or kept for replay.
+   *
+   * @generated from field: uint64 count = 3;
+   */
+  count: bigint;
+
+  /**
+   * Messages not delivered yet (the queue's depth).
+   *
+   * @generated from field: uint64 ready = 4;
+   */
+  ready: bigint;
+
+  /**
+   * At-least-once deliveries not acked yet.
+   *
+   * @generated from field: uint64 pending = 5;
+   */
+  pending: bigint;
+
+  /**
+   * Since the oldest unacked delivery was handed out (zero when none is).
+   *
+   * @generated from field: google.protobuf.Duration oldest_pending = 6;
+   */
+  oldestPending?: Duration;
+
+  /**
+   * @generated from field: uint32 consumers = 7;
+   */
+  consumers: number;
+
+  /**
+   * Live attachments (clients holding the queue open).
+   *
+   * @generated from field: uint32 attachments = 8;
+   */
+  attachments: number;
+
+  /**
+   * @generated from field: uint64 delayed = 9;
+   */
+  delayed: bigint;
+
+  /**
+   * @generated from field: uint64 dead_letters = 10;
+   */
+  deadLetters: bigint;
+
+  /**
+   * @generated from field: uint64 last_id = 11;
+   */
+  lastId: bigint;
+
+  /**
+   * Hand-outs to consumers since the queue was created (Redis 7+).
+   *
+   * @generated from field: uint64 delivered = 12;
+   */
+  delivered: bigint;
+
+  /**
+   * "destructive" or "replay" once a consumer fixed it; empty before.
+   *
+   * @generated from field: string mode = 13;
+   */
+  mode: string;
+
+  /**
+   * @generated from field: bool paused = 14;
+   */
+  paused: boolean;
+
+  /**
+   * @generated from field: google.protobuf.Duration ttl = 15;
+   */
+  ttl?: Duration;
+
+  /**
+   * @generated from field: busmq.v1.RateLimit rate_limit = 16;
+   */
+  rateLimit?: RateLimit;
+
+  /**
+   * @generated from field: busmq.v1.RateLimit key_rate_limit = 17;
+   */
+  keyRateLimit?: RateLimit;
+};
+
+/**
+ * Describes the message busmq.v1.QueueSummary.
+ * Use `create(QueueSummarySchema)` to create a new message.
+ */
+export const QueueSummarySchema: GenMessage<QueueSummary> = /*@__PURE__*/
+  messageDesc(file_busmq_v1_queue_service, 37);
+
+/**
+ * @generated from message busmq.v1.BrowseQueueRequest
+ */
+export type BrowseQueueRequest = Message<"busmq.v1.BrowseQueueRequest"> & {
+  /**
+   * @generated from field: string queue = 1;
+   */
+  queue: string;
+
+  /**
+   * First id to read (0: the oldest stored).
+   *
+   * @generated from field: uint64 from_id = 2;
+   */
+  fromId: bigint;
+
+  /**
+   * Last id to read (0: no end).
+   *
+   * @generated from field: uint64 to_id = 3;
+   */
+  toId: bigint;
+
+  /**
+   * After the stored messages, wait for new ones until cancelled.
+   *
+   * @generated from field: bool follow = 4;
+   */
+  follow: boolean;
+};
+
+/**
+ * Describes the message busmq.v1.BrowseQueueRequest.
+ * Use `create(BrowseQueueRequestSchema)` to create a new message.
+ */
+export const BrowseQueueRequestSchema: GenMessage<BrowseQueueRequest> = /*@__PURE__*/
+  messageDesc(file_busmq_v1_queue_service, 38);
+
+/**
+ * @generated from message busmq.v1.BrowseQueueResponse
+ */
+export type BrowseQueueResponse = Message<"busmq.v1.BrowseQueueResponse"> & {
+  /**
+   * @generated from oneof busmq.v1.BrowseQueueResponse.event
+   */
+  event: {
+    /**
+     * Messages in stream order.
+     *
+     * @generated from field: busmq.v1.MessageBatch messages = 1;
+     */
+    value: MessageBatch;
+    case: "messages";
+  } | {
+    /**
+     * @generated from field: busmq.v1.Heartbeat heartbeat = 2;
+     */
+    value: Heartbeat;
+    case: "heartbeat";
+  } | {
+    /**
+     * @generated from field: busmq.v1.StateEvent state = 3;
+     */
+    value: StateEvent;
+    case: "state";
+  } | { case: undefined; value?: undefined };
+};
+
+/**
+ * Describes the message busmq.v1.BrowseQueueResponse.
+ * Use `create(BrowseQueueResponseSchema)` to create a new message.
+ */
+export const BrowseQueueResponseSchema: GenMessage<BrowseQueueResponse> = /*@__PURE__*/
+  messageDesc(file_busmq_v1_queue_service, 39);
+
+/**
+ * @generated from message busmq.v1.MessageBatch
+ */
+export type MessageBatch = Message<"busmq.v1.MessageBatch"> & {
+  /**
+   * @generated from field: repeated busmq.v1.Message messages = 1;
+   */
+  messages: Message$1[];
+};
+
+/**
+ * Describes the message busmq.v1.MessageBatch.
+ * Use `create(MessageBatchSchema)` to create a new message.
+ */
+export const MessageBatchSchema: GenMessage<MessageBatch> = /*@__PURE__*/
+  messageDesc(file_busmq_v1_queue_service, 40);
+
+/**
  * Queues: ordered, sharded message queues.
  *
  * Attach a queue to create it and keep it alive; a queue expires `ttl` after the last
@@ -1235,6 +1506,28 @@ export const QueueService: GenService<{
     methodKind: "unary";
     input: typeof CloseQueueRequestSchema;
     output: typeof CloseQueueResponseSchema;
+  },
+  /**
+   * Lists the bus's queues with their figures, by name, a page at a time.
+   *
+   * @generated from rpc busmq.v1.QueueService.ListQueues
+   */
+  listQueues: {
+    methodKind: "unary";
+    input: typeof ListQueuesRequestSchema;
+    output: typeof ListQueuesResponseSchema;
+  },
+  /**
+   * Streams a queue's stored messages in order without consuming them (nothing is
+   * acked, removed or counted as delivered, and the queue's mode is not fixed); with
+   * `follow`, then each new message as it is stored.
+   *
+   * @generated from rpc busmq.v1.QueueService.BrowseQueue
+   */
+  browseQueue: {
+    methodKind: "server_streaming";
+    input: typeof BrowseQueueRequestSchema;
+    output: typeof BrowseQueueResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_busmq_v1_queue_service, 0);
