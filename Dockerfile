@@ -1,5 +1,6 @@
-# busmq gateway image. It listens on every interface, so it serves TLS (certificate and
-# key mounted) or refuses to start; see the README, section Security.
+# busmq gateway image. It listens on every interface (gRPC on 8443; metrics, health and
+# the dashboard on 8444), so it serves TLS (certificate and key mounted) or refuses to
+# start; see the README, sections Security and Operating.
 #   docker build -t busmq-gateway .
 #   docker run -p 8443:8443 -v "$PWD/tls:/tls:ro" \
 #     -e BUSMQ_GATEWAY_TLS_CERT=/tls/server.crt -e BUSMQ_GATEWAY_TLS_KEY=/tls/server.key \
@@ -26,8 +27,9 @@ USER 10001:10001
 WORKDIR /data
 ENV BUSMQ_DATA_DIR=/data/redis \
     BUSMQ_GATEWAY_LISTEN=0.0.0.0:8443 \
+    BUSMQ_GATEWAY_HTTP_LISTEN=0.0.0.0:8444 \
     PYTHONUNBUFFERED=1
-EXPOSE 8443
+EXPOSE 8443 8444
 HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 \
   CMD ["python", "-m", "busmq_gateway.healthcheck"]
 STOPSIGNAL SIGTERM

@@ -9,8 +9,10 @@
 #                             (redis-server, which also runs Sentinels) if `redis-server`
 #                             is missing (the Sentinel tests need a real deployment),
 #                             openssl (the README's TLS recipe is tested), Node.js 18.14+
-#                             and npm (the TypeScript client) and its npm packages, and
-#                             Debian's Go toolchain, grpc-go and protoc plugins (the Go client)
+#                             and npm (the TypeScript client) and its npm packages,
+#                             Debian's Go toolchain, grpc-go and protoc plugins (the Go client),
+#                             and Debian's Chromium (the dashboard test drives it headless
+#                             with Playwright; Playwright's own browser download is not used)
 # Safe to run again: it only installs what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +24,7 @@ if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then need_apt+=(python
 if $dev && ! command -v java >/dev/null 2>&1; then need_apt+=(openjdk-17-jre-headless); fi
 if $dev && ! command -v redis-server >/dev/null 2>&1; then need_apt+=(redis-server); fi
 if $dev && ! command -v openssl >/dev/null 2>&1; then need_apt+=(openssl); fi
+if $dev && ! command -v chromium >/dev/null 2>&1; then need_apt+=(chromium); fi
 node_ok() { command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 \
   && node -e 'const [a, b] = process.versions.node.split(".").map(Number); process.exit(a > 18 || (a === 18 && b >= 14) ? 0 : 1)'; }
 if $dev && ! node_ok; then need_apt+=(nodejs npm); fi

@@ -45,6 +45,7 @@ async def test_the_grpcurl_recipe_works_right_after_scripts_run_sh(tmp_path: Pat
     address = f"127.0.0.1:{free_port()}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("BUSMQ_")}
     env["BUSMQ_DATA_DIR"] = str(tmp_path / "redis")  # the embedded Redis's data
+    env["BUSMQ_GATEWAY_HTTP_LISTEN"] = f"127.0.0.1:{free_port()}"
     # setup.sh may install what is missing first
     gateway, output = await spawn_until_ready(
         "bash", "scripts/run.sh", "--listen", address, cwd=ROOT, env=env, timeout=180
@@ -67,6 +68,46 @@ async def test_the_grpcurl_recipe_works_right_after_scripts_run_sh(tmp_path: Pat
         code = await asyncio.wait_for(gateway.wait(), 30)
     assert code == 0, "".join(output)
     assert not any(p.is_running() and p.status() != "zombie" for p in embedded)
+
+
+async def test_the_operating_recipe_works_right_after_scripts_run_sh(tmp_path: Path) -> None:
+    recipe = block_with("busmq push orders", "busmq federation status")
+    documented_http = "127.0.0.1:8444"
+    assert DOCUMENTED_ADDRESS in recipe and documented_http in recipe
+    address, http = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    export = tmp_path / "orders.jsonl"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BUSMQ_")}
+    env["BUSMQ_DATA_DIR"] = str(tmp_path / "redis")
+    env["BUSMQ_GATEWAY_HTTP_LISTEN"] = http
+    gateway, output = await spawn_until_ready(
+        "bash", "scripts/run.sh", "--listen", address, cwd=ROOT, env=env, timeout=180
+    )
+    try:
+        script = (
+            recipe.replace(DOCUMENTED_ADDRESS, address)
+            .replace(documented_http, http)
+            .replace("/tmp/orders.jsonl", str(export))
+        )
+        code, text = await bash(script, ROOT, env)
+        assert code == 0, text
+        assert "pushed 3 message(s) into orders: ids 1..3" in text
+        assert "imported 3 message(s) into orders-restored" in text
+        assert "copied 2 message(s) into orders-replay" in text
+        assert "#1 source=cli first" in text  # the tail
+        assert "0 dead letter(s) shown" in text
+        assert "0 federation link(s)" in text
+        [listed] = [json.loads(line) for line in text.splitlines() if line.startswith("[{")]
+        assert {q["name"]: q["depth"] for q in listed} == {
+            "orders": 3, "orders-restored": 3, "orders-replay": 2,
+        }  # fmt: skip
+        assert [json.loads(line)["payload"] for line in export.read_text().splitlines()] == [
+            "first", "second", "third",
+        ]  # fmt: skip
+    finally:
+        if gateway.returncode is None:
+            gateway.send_signal(signal.SIGINT)
+        code = await asyncio.wait_for(gateway.wait(), 30)
+    assert code == 0, "".join(output)
 
 
 def split_json_documents(text: str) -> list[str]:

@@ -34,7 +34,7 @@ from pathlib import Path
 from ..errors import BusError, InvalidMessageError, QueueNotFoundError
 from ..settings import BusSettings
 from . import commands, federation, transfer
-from .admin import Admin, LocalAdmin
+from .admin import Admin, LocalAdmin, running_embedded
 from .output import Output
 from .records import RecordError
 
@@ -160,7 +160,7 @@ async def _admin(args: argparse.Namespace) -> Admin:
         settings = BusSettings.from_env(
             {**os.environ, "BUSMQ_REDIS_URLS": ",".join(args.redis_url)}
         )
-    local = LocalAdmin(settings)
+    local = LocalAdmin(running_embedded(settings))
     try:
         await local.connect()
     except BaseException:

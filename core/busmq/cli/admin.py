@@ -5,7 +5,9 @@ through a gateway are in :mod:`busmq.cli.remote`."""
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 from .. import inventory
@@ -56,6 +58,27 @@ def details(stats: QueueStats, **extra: Any) -> dict[str, Any]:
         limit = getattr(stats, name)
         fields[name] = None if limit is None else dataclasses.asdict(limit)
     return {**fields, **extra}
+
+
+def running_embedded(settings: BusSettings) -> BusSettings:
+    """``settings``, or, when they name no Redis and another process (a gateway started
+    by ``scripts/run.sh``, an application) runs the embedded Redis of their data
+    directory, settings for that server's socket: an admin command looks at the bus that
+    is running rather than failing on the directory's lock."""
+    if settings.redis_urls:
+        return settings
+    data_dir = Path(settings.data_dir)
+    socket = data_dir.resolve() / "redis.sock"
+    lock = data_dir / "busmq.lock"
+    if not (socket.exists() and lock.exists()):
+        return settings
+    with lock.open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # held: that process's server is up
+            return dataclasses.replace(settings, redis_urls=(f"unix://{socket}",))
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    return settings
 
 
 class LocalAdmin:

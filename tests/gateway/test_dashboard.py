@@ -1,0 +1,129 @@
+"""The dashboard in a real browser: Debian's headless Chromium driven by Playwright.
+
+A gateway serves a bus that federates to another datacenter's gateway. The page must
+show the bus's queues and the federation link, and follow what happens: a push, the
+other gateway going away. The screenshot is kept in ``test-artifacts/dashboard.png``
+(``BUSMQ_TEST_ARTIFACTS`` to put it elsewhere).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from playwright.async_api import Browser, Page, async_playwright
+
+from busmq import Bus, Mode
+from busmq.federation import FederationSettings, FederationTarget
+from busmq_gateway import Gateway, GatewaySettings
+from tests.conftest import fast_settings
+from tests.federation.conftest import FAST_LINK
+from tests.support.gateway_process import GatewayProcess
+from tests.support.redis_server import RedisServer
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+# Without these, Chromium reaches for Google's hosts at start, which this network refuses.
+CHROMIUM_ARGS = [
+    "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+ARTIFACTS = Path(
+    os.environ.get("BUSMQ_TEST_ARTIFACTS", Path(__file__).parents[2] / "test-artifacts")
+)
+SECRET = "dashboard-secret-0123456789"
+
+
+@pytest.fixture
+def artifacts() -> Path:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    return ARTIFACTS
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Browser]:
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            await browser.close()
+
+
+async def cell(page: Page, table: str, row: str, column: int) -> str:
+    return await page.inner_text(f'#{table} tr[data-name="{row}"] td:nth-child({column})')
+
+
+async def until_text(
+    page: Page, selector: str, text: str, *, equal: bool = True, timeout: float = 10
+) -> None:
+    """Wait until the page itself (no reload) shows ``text`` at ``selector`` (or, with
+    ``equal=False``, anything else)."""
+    await page.wait_for_function(
+        "([selector, text, equal]) =>"
+        " (document.querySelector(selector)?.textContent === text) === equal",
+        arg=[selector, text, equal],
+        timeout=timeout * 1000,
+    )
+
+
+async def test_dashboard_shows_queues_and_links_and_follows_changes(
+    browser: Browser, artifacts: Path, tmp_path: Path
+) -> None:
+    async with (
+        RedisServer(tmp_path / "remote-redis") as remote_redis,
+        RedisServer(tmp_path / "redis") as redis,
+    ):
+        remote = GatewayProcess(remote_redis.url, (SECRET,))
+        await remote.start()
+        bus = Bus(fast_settings([redis.url]))
+        await bus.connect()
+        target = FederationTarget(f"http://{remote.target}", secret=SECRET)
+        outbox = tmp_path / "outbox.sqlite3"
+        bus.configure_federation(
+            FederationSettings(targets=[target], outbox_path=outbox, **FAST_LINK)
+        )
+        settings = GatewaySettings(
+            listen="127.0.0.1:0", secrets=(SECRET,), bus=bus.settings, http_listen="127.0.0.1:0"
+        )
+        gateway = Gateway(settings, bus=bus)
+        await gateway.start()
+        try:
+            orders = bus.queue("orders")
+            await orders.attach(ttl=60)
+            await orders.push_batch(["a", "b", "c", "d", "e", "f"])
+            async with orders.consume(Mode.AT_LEAST_ONCE, max=3) as consumer:
+                await (await consumer.__anext__()).ack()
+                await (await consumer.__anext__()).reject("bad payload")
+                await consumer.__anext__()  # left unacked
+            federated = bus.federate("remote-orders", target.url)
+            await federated.attach(ttl=60)
+            await federated.push("x")
+
+            assert gateway.http is not None
+            page = await browser.new_page(viewport={"width": 1280, "height": 720})
+            await page.goto(f"http://127.0.0.1:{gateway.http.port}/")
+            await page.wait_for_selector('#queues tr[data-name="orders"]')
+            assert await cell(page, "queues", "orders", 2) == "3"  # depth
+            assert await cell(page, "queues", "orders", 5) == "1"  # pending
+            assert await cell(page, "queues", "orders", 9) == "1"  # dead letters
+            await page.wait_for_selector(f'#federation tr[data-name="{target.url}"]')
+            assert await cell(page, "federation", target.url, 2) == "ready"
+            assert (await page.inner_text("#shards")).count("online") == 1
+            await page.screenshot(path=artifacts / "dashboard.png", full_page=True)
+
+            # The page refreshes itself: a push shows up without a reload...
+            await orders.push_batch(["g", "h"])
+            await until_text(page, '#queues tr[data-name="orders"] td:nth-child(2)', "5")
+            # ...and so does the other datacenter's gateway going away.
+            await remote.stop()
+            state = f'#federation tr[data-name="{target.url}"] td:nth-child(2)'
+            await until_text(page, state, "ready", equal=False, timeout=15)
+            assert await cell(page, "federation", target.url, 2) in ("connecting", "disconnected")
+            assert int(await page.get_attribute("body", "data-updates") or 0) >= 3
+        finally:
+            await gateway.stop()
+            await bus.close()
+            await remote.stop()
