@@ -135,8 +135,9 @@ async def all_stats(shards: Sequence[Shard]) -> list[QueueStats]:
 
 @dataclass(frozen=True)
 class QueuePage:
-    """One page of :func:`list_stats`: the queues, how many matched in all, and the
-    name to pass as ``after`` for the next page (``None`` on the last)."""
+    """One page of :func:`list_stats`: the queues, how many match the prefix on every
+    page together, and the name to pass as ``after`` for the next page (``None`` on the
+    last)."""
 
     queues: list[QueueStats]
     total: int
@@ -155,7 +156,8 @@ async def list_stats(
     for shard in shards:
         located += [(name, shard) for name in await scan_queue_names(shard)]
     present = {name for name, _ in located}
-    located = sorted(p for p in located if p[0].startswith(prefix) and p[0] > after)
+    matching = sorted(p for p in located if p[0].startswith(prefix))
+    located = [p for p in matching if p[0] > after]
     page = located[:limit] if limit else located
     names_by_shard: dict[Shard, list[str]] = {}
     for name, shard in page:
@@ -168,7 +170,7 @@ async def list_stats(
         found += [s for s in await read_stats(shard, sorted(set(names))) if s.name in wanted]
     more = bool(limit) and len(located) > limit
     next_after = page[-1][0] if more else None
-    return QueuePage(sorted(found, key=lambda s: s.name), len(located), next_after)
+    return QueuePage(sorted(found, key=lambda s: s.name), len(matching), next_after)
 
 
 def with_dead_letters(stats: list[QueueStats]) -> list[QueueStats]:

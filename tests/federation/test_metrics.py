@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from busmq import Bus, Mode, UnknownMessageError
 from busmq.metrics import BusMetrics
 from tests.federation.conftest import DatacenterA
+from tests.support.cli import Result, busmq
 from tests.support.redis_server import free_port
 from tests.support.scrape import Samples, scrape
 from tests.support.waiting import eventually
@@ -25,6 +26,10 @@ def serve_metrics() -> Iterator[list[str]]:
     for server in servers:
         server.shutdown()  # type: ignore[attr-defined]
         server.server_close()  # type: ignore[attr-defined]
+
+
+async def federation_status(url: str) -> Result:
+    return await busmq("--json", "federation", "status", "--metrics", url, "--fail-if-down")
 
 
 async def test_link_outbox_lag_and_resumes_through_a_cut(
@@ -68,6 +73,13 @@ async def test_link_outbox_lag_and_resumes_through_a_cut(
         assert samples["busmq_federation_link_state", {**link, "state": "ready"}] == 0
         assert samples["busmq_federation_outbox_messages", link] == 3
         assert samples["busmq_federation_outbox_age_seconds", link] > 0
+        # The admin CLI reads the same endpoint.
+        down = await federation_status(url)
+        assert down.code == 5  # --fail-if-down
+        [row] = down.json()
+        assert (row["target"], row["state"], row["up"], row["outbox"]) == (
+            dc_a.url, "disconnected", 0, 3,
+        )  # fmt: skip
 
         await dc_a.proxy.restore()
         await eventually(lambda: queue.link.outbox_depth == 0, timeout=20, what="outbox drained")
@@ -85,4 +97,8 @@ async def test_link_outbox_lag_and_resumes_through_a_cut(
         assert samples["busmq_federation_outbox_messages", link] == 0
         assert samples["busmq_federation_lag_messages", link] == 0  # caught up
         assert samples["busmq_federation_resumes_total", link] >= 1
+        up = await federation_status(url)
+        assert up.code == 0
+        [row] = up.json()
+        assert (row["state"], row["outbox"], row["lag_messages"]) == ("ready", 0, 0)
     assert await dc_a.bus.queue("events").count() == 0
