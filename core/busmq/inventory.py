@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -145,18 +145,26 @@ class QueuePage:
 
 
 async def list_stats(
-    shards: Sequence[Shard], *, prefix: str = "", after: str = "", limit: int = 0
+    shards: Sequence[Shard],
+    *,
+    prefix: str = "",
+    after: str = "",
+    limit: int = 0,
+    include: Callable[[str], bool] | None = None,
 ) -> QueuePage:
-    """The figures of the queues whose name starts with ``prefix``, by name, from the
-    first name after ``after``, at most ``limit`` of them (0: all). Every shard's names
-    are scanned (cheap: names only); figures are read for the page alone."""
+    """The figures of the queues whose name starts with ``prefix`` (and that
+    ``include`` accepts), by name, from the first name after ``after``, at most
+    ``limit`` of them (0: all). Every shard's names are scanned (cheap: names only);
+    figures are read for the page alone."""
     if limit < 0:
         raise ValueError("limit must not be negative")
     located: list[tuple[str, Shard]] = []
     for shard in shards:
         located += [(name, shard) for name in await scan_queue_names(shard)]
     present = {name for name, _ in located}
-    matching = sorted(p for p in located if p[0].startswith(prefix))
+    matching = sorted(
+        p for p in located if p[0].startswith(prefix) and (include is None or include(p[0]))
+    )
     located = [p for p in matching if p[0] > after]
     page = located[:limit] if limit else located
     names_by_shard: dict[Shard, list[str]] = {}

@@ -2,7 +2,9 @@
 
 Secrets come from ``--secret``, ``--secret-file`` (one per line) and
 ``BUSMQ_GATEWAY_SECRETS`` (comma-separated); all of them are accepted at once, so a
-secret can be rotated without downtime. The bus is the embedded Redis unless
+secret can be rotated without downtime, and each may do everything. ``--config FILE``
+names principals with their own credentials, grants and limits
+(:mod:`busmq_gateway.principals`). The bus is the embedded Redis unless
 ``--redis-url`` or ``BUSMQ_REDIS_URLS`` names one or more shards.
 """
 
@@ -18,7 +20,7 @@ from pathlib import Path
 
 from busmq import BusSettings
 
-from . import logs
+from . import logs, principals
 from .config import GatewaySettings, TlsSettings, read_secrets
 from .server import serve
 
@@ -29,6 +31,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--listen", default=env("BUSMQ_GATEWAY_LISTEN", "127.0.0.1:8443"))
     parser.add_argument("--secret", action="append", default=[], help="may repeat")
     parser.add_argument("--secret-file", action="append", default=[], help="may repeat")
+    parser.add_argument(
+        "--config",
+        default=env("BUSMQ_GATEWAY_CONFIG"),
+        help="TOML file of principals: credentials, grants and limits",
+    )
     parser.add_argument(
         "--insecure-no-auth", action="store_true", help="serve without auth (loopback only)"
     )
@@ -77,6 +84,7 @@ def settings_from(args: argparse.Namespace) -> GatewaySettings:
     return GatewaySettings(
         listen=args.listen,
         secrets=read_secrets(args.secret, args.secret_file),
+        principals=principals.load(Path(args.config)) if args.config else (),
         allow_no_auth=args.insecure_no_auth,
         tls=tls,
         allow_plaintext=args.allow_plaintext,

@@ -1,45 +1,27 @@
-"""Shared-secret authentication: ``authorization: Bearer <secret>`` on every RPC but health."""
+"""Authentication of the calls the method guard does not see: server reflection (health
+is open). Every busmq RPC is authenticated, and authorized, by the guard
+(:mod:`busmq_gateway.guard`, :mod:`busmq_gateway.access`)."""
 
 from __future__ import annotations
 
-import hmac
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
 
+from .access import Access, bearer
+
 OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
+GUARDED_PREFIX = "/busmq.v1."
 _DENIED = "missing or invalid credentials"
 
 
-def secret_matches(presented: bytes, secrets: Sequence[bytes]) -> bool:
-    """Whether ``presented`` is one of ``secrets``, compared in constant time against all
-    of them (so timing does not tell which matched)."""
-    matched = False
-    for secret in secrets:
-        matched |= hmac.compare_digest(presented, secret)
-    return matched and bool(presented)
+class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Refuses reflection calls without the bearer secret of a principal with
+    ``UNAUTHENTICATED``; passes health and the guarded busmq methods through."""
 
-
-class SecretAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Refuses calls without a valid bearer secret with ``UNAUTHENTICATED``.
-
-    The presented secret is compared in constant time against every active secret (all
-    of them, so timing does not tell which matched); the refusal says nothing more.
-    """
-
-    def __init__(self, secrets: Sequence[str]) -> None:
-        self._secrets = [s.encode() for s in secrets]
-
-    def authorized(self, metadata: Sequence[tuple[str, str | bytes]] | None) -> bool:
-        presented = b""
-        for key, value in metadata or ():
-            if key == "authorization":
-                raw = value.encode() if isinstance(value, str) else value
-                if raw.startswith(b"Bearer "):
-                    presented = raw[len(b"Bearer ") :]
-                break
-        return secret_matches(presented, self._secrets)
+    def __init__(self, access: Access) -> None:
+        self._access = access
 
     async def intercept_service(
         self,
@@ -47,9 +29,9 @@ class SecretAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(details)
-        if handler is None or details.method.startswith(OPEN_PREFIXES):
+        if handler is None or details.method.startswith((*OPEN_PREFIXES, GUARDED_PREFIX)):
             return handler
-        if self.authorized(details.invocation_metadata):
+        if self._access.for_secret(bearer(details.invocation_metadata)) is not None:
             return handler
         return _deny(handler)
 

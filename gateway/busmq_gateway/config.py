@@ -9,6 +9,8 @@ from pathlib import Path
 from busmq import BusSettings
 from busmq.security import GENERATE_SECRET, is_loopback, weak_secret_reason
 
+from .principals import Principal, everything
+
 
 @dataclass(frozen=True)
 class TlsSettings:
@@ -30,7 +32,11 @@ class GatewaySettings:
     Args:
         listen: ``host:port`` to bind (port 0 picks a free one).
         secrets: shared secrets accepted as ``authorization: Bearer <secret>``; several
-            may be active at once for rotation.
+            may be active at once for rotation. The simple form: one principal,
+            ``default``, allowed everything.
+        principals: callers with their own credentials, grants and limits
+            (:mod:`busmq_gateway.principals`, ``--config FILE``); with ``secrets``, the
+            ``default`` principal is added to them.
         allow_no_auth: serve without any secret; refused unless ``listen`` is loopback.
         tls: certificate and key (and client CA for mTLS); plaintext when ``None``.
         allow_plaintext: serve without TLS on an address that is not loopback (bearer
@@ -53,6 +59,7 @@ class GatewaySettings:
 
     listen: str = "127.0.0.1:8443"
     secrets: tuple[str, ...] = ()
+    principals: tuple[Principal, ...] = ()
     allow_no_auth: bool = False
     tls: TlsSettings | None = None
     allow_plaintext: bool = False
@@ -72,13 +79,7 @@ class GatewaySettings:
             raise ValueError(f"listen must be host:port, got {self.listen!r}")
         if any(not s or s != s.strip() for s in self.secrets):
             raise ValueError("secrets must be non-empty and carry no surrounding whitespace")
-        if not self.secrets and not self.allow_no_auth:
-            raise ValueError(
-                "no secret configured: set BUSMQ_GATEWAY_SECRETS (or --secret/--secret-file), "
-                "or pass --insecure-no-auth to serve without auth on loopback"
-            )
-        if not self.secrets and not is_loopback(self.listen):
-            raise ValueError("serving without auth is only allowed on a loopback address")
+        self._check_auth()
         for number, secret in enumerate(self.secrets, 1):
             if reason := weak_secret_reason(secret):
                 raise ValueError(
@@ -99,15 +100,37 @@ class GatewaySettings:
         if not 1 <= self.default_prefetch <= self.max_prefetch:
             raise ValueError("need 1 <= default_prefetch <= max_prefetch")
 
+    def _check_auth(self) -> None:
+        if not self.authenticated and not self.allow_no_auth:
+            raise ValueError(
+                "no secret configured: set BUSMQ_GATEWAY_SECRETS (or --secret/--secret-file, "
+                "or principals with --config), or pass --insecure-no-auth to serve without "
+                "auth on loopback"
+            )
+        if not self.authenticated and not is_loopback(self.listen):
+            raise ValueError("serving without auth is only allowed on a loopback address")
+        if any(p.client_certificate for p in self.principals) and (
+            self.tls is None or self.tls.client_ca_file is None
+        ):
+            raise ValueError(
+                "principals identified by client certificate need mTLS: "
+                "--tls-cert, --tls-key and --tls-client-ca"
+            )
+        if self.secrets and any(p.name == "default" for p in self.principals):
+            raise ValueError(
+                "a principal is named 'default', the name of the plain secrets' principal"
+            )
+
     def _check_http_listen(self, listen: str) -> None:
         if ":" not in listen:
             raise ValueError(f"http_listen must be host:port, got {listen!r}")
         if is_loopback(listen):
             return
-        if not self.secrets:
+        if not any(p.metrics and p.secrets for p in self.all_principals):
             raise ValueError(
                 f"the HTTP listener on {listen} would serve metrics and the dashboard to "
-                "anyone: it needs a gateway secret off loopback"
+                "anyone: off loopback it needs a gateway secret (or a principal with "
+                "metrics = true and a secret)"
             )
         if self.tls is None and not self.allow_plaintext:
             raise ValueError(
@@ -116,9 +139,21 @@ class GatewaySettings:
                 "--allow-plaintext"
             )
 
+    @property
+    def authenticated(self) -> bool:
+        """Whether callers must prove who they are (a secret or a principal)."""
+        return bool(self.secrets or self.principals)
+
+    @property
+    def all_principals(self) -> tuple[Principal, ...]:
+        """The configured principals, and ``default`` for the plain secrets."""
+        simple = (everything("default", self.secrets),) if self.secrets else ()
+        return self.principals + simple
+
     def __repr__(self) -> str:
         return (
             f"GatewaySettings(listen={self.listen!r}, secrets=<{len(self.secrets)} hidden>, "
+            f"principals={[p.name for p in self.principals]}, "
             f"tls={self.tls is not None}, bus={self.bus!r})"
         )
 

@@ -3,9 +3,10 @@
 
 On a loopback address it is open, like a local admin port. Anywhere else it follows the
 gRPC port's rules: TLS with the gateway's certificate (or ``--allow-plaintext``), and
-every path but ``/healthz`` needs a gateway secret, as ``Authorization: Bearer <secret>``
-(Prometheus's ``authorization`` setting) or as the password of HTTP basic auth (so a
-browser can open the dashboard).
+every path but ``/healthz`` needs the secret of a principal allowed ``metrics`` (the
+simple form's secrets are), as ``Authorization: Bearer <secret>`` (Prometheus's
+``authorization`` setting) or as the password of HTTP basic auth (so a browser can open
+the dashboard).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from busmq import Bus, BusState
 from busmq.metrics import BusMetrics
 from busmq.security import is_loopback
 
-from .auth import secret_matches
+from .access import Access
 from .config import GatewaySettings
 from .overview import Overview
 
@@ -39,6 +40,7 @@ class HttpListener:
     def __init__(
         self,
         settings: GatewaySettings,
+        access: Access,
         bus: Bus,
         registry: CollectorRegistry,
         bus_metrics: BusMetrics,
@@ -52,7 +54,7 @@ class HttpListener:
         self.bus_metrics = bus_metrics
         self.overview = Overview(bus_metrics)
         self._serving = serving
-        self._secrets = [s.encode() for s in settings.secrets]
+        self._access = access
         self._open = is_loopback(self.listen)
         self._runner: web.AppRunner | None = None
         self.port = 0
@@ -101,7 +103,8 @@ class HttpListener:
         )
 
     def _authorized(self, request: web.Request) -> bool:
-        return secret_matches(_presented(request.headers.get("Authorization", "")), self._secrets)
+        principal = self._access.for_secret(_presented(request.headers.get("Authorization", "")))
+        return principal is not None and principal.metrics
 
     async def _metrics(self, request: web.Request) -> web.Response:
         await self.bus_metrics.refresh()

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator
 
 import grpc
@@ -14,10 +15,12 @@ from busmq.message import Message
 from busmq.v1 import queue_service_pb2 as pb
 from busmq.v1 import types_pb2
 
+from .access import CURRENT
 from .config import GatewaySettings
 from .controls import rate_limit_proto
 from .convert import duration, message_fields
 from .errors import NotFound, RequestError, rpc_errors, unary
+from .principals import Kind
 from .streaming import Beat, StreamCount, paced
 
 DEFAULT_PAGE = 1000
@@ -38,11 +41,13 @@ class QueueInventory:
     ) -> pb.ListQueuesResponse:
         if request.page_size > MAX_PAGE:
             raise RequestError(f"page_size must be at most {MAX_PAGE}")
+        caller = CURRENT.get(None)  # the queues the caller holds a verb on
         page = await inventory.list_stats(
             self._bus.shards,
             prefix=request.prefix,
             after=request.page_token,
             limit=request.page_size or DEFAULT_PAGE,
+            include=None if caller is None else functools.partial(caller.may, Kind.QUEUE, None),
         )
         return pb.ListQueuesResponse(
             queues=[summary(stats) for stats in page.queues],

@@ -9,10 +9,14 @@ an increment and a histogram observation.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from .access import Access
 
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 """Unary calls of the gateway take from a fraction of a millisecond (a push) to seconds
@@ -64,3 +68,29 @@ class RpcMetrics:
 def _split(method: str) -> tuple[str, str]:
     service, _, name = method.strip("/").partition("/")
     return service, name
+
+
+class RefusalCollector(Collector):
+    """Calls refused per principal and reason, and each principal's open streams."""
+
+    def __init__(self, access: Access) -> None:
+        self.access = access
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        refused = CounterMetricFamily(
+            "busmq_gateway_refused",
+            "Calls refused by principal and reason (PERMISSION_DENIED, STREAM_LIMIT, ...).",
+            labels=["principal", "reason"],
+        )
+        for (name, reason), count in sorted(self.access.refusals.totals.items()):
+            refused.add_metric([name, reason], count)
+        yield refused
+        streams = GaugeMetricFamily(
+            "busmq_gateway_principal_streams", "Open streams per principal.", labels=["principal"]
+        )
+        for principal in self.access.principals:
+            streams.add_metric([principal.name], self.access.streams_of(principal.name))
+        yield streams

@@ -26,16 +26,18 @@ from busmq.v1 import (
     request_service_pb2_grpc,
 )
 
+from .access import Access
 from .attachments import Attachments
-from .auth import SecretAuthInterceptor
+from .auth import AuthInterceptor
 from .channel_service import ChannelService
 from .config import GatewaySettings
+from .guard import Guard
 from .http import HttpListener
-from .malformed import MalformedLog, add_services
+from .malformed import MalformedLog
 from .persistable_service import PersistableService
 from .queue_service import QueueService
 from .request_service import RequestService
-from .rpc_metrics import RpcMetrics
+from .rpc_metrics import RefusalCollector, RpcMetrics
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +83,12 @@ class Gateway:
             self.requests.streams,
         )
         self.server: grpc.aio.Server | None = None
+        tls = settings.tls
+        self.access = Access(
+            settings.all_principals,
+            open_access=not settings.authenticated,
+            mtls=tls is not None and tls.client_ca_file is not None,
+        )
         self.registry = CollectorRegistry()
         self.rpc_metrics = RpcMetrics(self.registry)
         self.bus_metrics = BusMetrics(
@@ -99,6 +107,7 @@ class Gateway:
             "Requests refused as malformed since start.",
             registry=self.registry,
         ).set_function(lambda: self.malformed.total)
+        self.registry.register(RefusalCollector(self.access))
         self.http: HttpListener | None = None
 
     def _options(self) -> list[tuple[str, int]]:
@@ -119,12 +128,10 @@ class Gateway:
         if self._own_bus:
             # Before gRPC starts its threads: the embedded Redis is a forked child.
             await self.bus.connect()
-        interceptors = (
-            [SecretAuthInterceptor(self.settings.secrets)] if self.settings.secrets else []
-        )
+        interceptors = [AuthInterceptor(self.access)] if self.settings.authenticated else []
         self.server = grpc.aio.server(interceptors=interceptors, options=self._options())
         self.bus.events.on(self._on_bus_event)
-        add_services(
+        Guard(self.access, self.malformed, self.rpc_metrics).add_services(
             self.server,
             [
                 (queue_service_pb2_grpc.add_QueueServiceServicer_to_server, self.queues),
@@ -135,8 +142,6 @@ class Gateway:
                 ),
                 (request_service_pb2_grpc.add_RequestServiceServicer_to_server, self.requests),
             ],
-            self.malformed,
-            self.rpc_metrics,
         )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self.server)
         reflection.enable_server_reflection(
@@ -148,6 +153,7 @@ class Gateway:
         if self.settings.http_listen is not None:
             self.http = HttpListener(
                 self.settings,
+                self.access,
                 self.bus,
                 self.registry,
                 self.bus_metrics,

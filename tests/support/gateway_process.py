@@ -14,6 +14,8 @@ from busmq import Bus
 from tests.support.redis_server import free_port
 
 GATEWAY_CMD = [sys.executable, "-m", "busmq_gateway"]
+ROOT_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "gateway-principals.toml"
+"""The example principals file of the README."""
 READY = b"busmq gateway ready"
 
 
@@ -57,11 +59,16 @@ async def _drain(stream: asyncio.StreamReader) -> None:
 
 class GatewayProcess:
     def __init__(
-        self, redis_url: str, secrets: tuple[str, ...] = ("gateway-secret-0123456789",), *extra: str
+        self,
+        redis_url: str,
+        secrets: tuple[str, ...] = ("gateway-secret-0123456789",),
+        *extra: str,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.redis_url = redis_url
         self.secrets = secrets
         self.extra = extra
+        self.env = env or {}
         self.port = free_port()
         self.process: asyncio.subprocess.Process | None = None
 
@@ -79,7 +86,7 @@ class GatewayProcess:
             *[f"--secret={s}" for s in self.secrets],  # one argument even if it starts with "-"
             *self.extra,
         ]  # fmt: skip
-        env = {**os.environ, "BUSMQ_LEASE_SECONDS": "3"}
+        env = {**os.environ, "BUSMQ_LEASE_SECONDS": "3", **self.env}
         self.process = await asyncio.create_subprocess_exec(
             *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env
         )

@@ -1,0 +1,133 @@
+"""The method guard: every busmq RPC is registered wrapped, so that before the servicer
+runs, the caller is identified and authorized (:mod:`busmq_gateway.access`) and a request
+that did not parse is refused (:mod:`busmq_gateway.malformed`); and every call is counted
+and timed with its status code (:mod:`busmq_gateway.rpc_metrics`).
+
+The generated ``add_*_to_server`` functions are given a stand-in server that collects
+their method handlers; each handler is then registered on the real server wrapped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+import grpc
+
+from .access import CURRENT, Access
+from .errors import RequestError, to_status
+from .malformed import MALFORMED, MalformedLog, tolerant
+from .principals import Principal
+from .rpc_metrics import RpcMetrics
+
+
+class Guard:
+    def __init__(self, access: Access, malformed_log: MalformedLog, metrics: RpcMetrics) -> None:
+        self.access = access
+        self.malformed_log = malformed_log
+        self.metrics = metrics
+
+    def add_services(
+        self,
+        server: grpc.aio.Server,
+        registrations: list[tuple[Callable[[Any, Any], None], Any]],
+    ) -> None:
+        """Register each ``(add_XServicer_to_server, servicer)`` on ``server``, guarded."""
+        for add, servicer in registrations:
+            collector = _Collector()
+            add(servicer, collector)
+            for service, handlers in collector.services.items():
+                guarded = {
+                    name: self._wrap(f"/{service}/{name}", handler)
+                    for name, handler in handlers.items()
+                }
+                server.add_generic_rpc_handlers(
+                    (grpc.method_handlers_generic_handler(service, guarded),)
+                )
+                server.add_registered_method_handlers(service, guarded)
+
+    async def _admit(
+        self, method: str, request: Any, context: grpc.aio.ServicerContext
+    ) -> Principal:
+        """The caller, allowed to make this call; else the call is aborted."""
+        try:
+            principal = self.access.identify(context)
+            if request is MALFORMED:
+                self.malformed_log.refused(method)
+                raise RequestError("the request does not parse", reason="MALFORMED_REQUEST")
+            self.access.check(principal, method, request)
+        except RequestError as exc:
+            await context.abort_with_status(to_status(exc))
+        CURRENT.set(principal)
+        return principal
+
+    def _wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        assert handler.request_deserializer is not None
+        deserialize = tolerant(handler.request_deserializer)
+        metrics = self.metrics
+        if handler.unary_unary is not None:
+            unary = handler.unary_unary
+
+            async def unary_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                started = metrics.start("unary", method)
+                code: grpc.StatusCode | None = None
+                try:
+                    await self._admit(method, request, context)
+                    return await unary(request, context)
+                except BaseException as exc:
+                    code = _code_of(exc, context)
+                    raise
+                finally:
+                    metrics.done("unary", method, code or context.code(), started)
+
+            return handler._replace(request_deserializer=deserialize, unary_unary=unary_unary)
+        if handler.unary_stream is not None:
+            stream = handler.unary_stream
+
+            async def unary_stream(
+                request: Any, context: grpc.aio.ServicerContext
+            ) -> AsyncIterator[Any]:
+                started = metrics.start("server_stream", method)
+                code: grpc.StatusCode | None = None
+                try:
+                    principal = await self._admit(method, request, context)
+                    with contextlib.ExitStack() as slot:
+                        try:
+                            slot.enter_context(self.access.stream(principal))
+                        except RequestError as exc:
+                            await context.abort_with_status(to_status(exc))
+                        async for response in stream(request, context):
+                            yield response
+                except BaseException as exc:
+                    code = _code_of(exc, context)
+                    raise
+                finally:
+                    metrics.done("server_stream", method, code or context.code(), started)
+
+            return handler._replace(request_deserializer=deserialize, unary_stream=unary_stream)
+        raise TypeError(f"{method}: only unary requests are served")
+
+
+class _Collector:
+    """Stands in for a server in the generated ``add_*_to_server`` functions."""
+
+    def __init__(self) -> None:
+        self.services: dict[str, Mapping[str, grpc.RpcMethodHandler]] = {}
+
+    def add_generic_rpc_handlers(self, handlers: object) -> None:
+        pass  # the same handlers come again through add_registered_method_handlers
+
+    def add_registered_method_handlers(
+        self, service: str, handlers: Mapping[str, grpc.RpcMethodHandler]
+    ) -> None:
+        self.services[service] = handlers
+
+
+def _code_of(exc: BaseException, context: grpc.aio.ServicerContext) -> grpc.StatusCode:
+    if isinstance(exc, asyncio.CancelledError | GeneratorExit):
+        return grpc.StatusCode.CANCELLED
+    if isinstance(exc, grpc.aio.AbortError):
+        return context.code() or grpc.StatusCode.UNKNOWN
+    return grpc.StatusCode.UNKNOWN
