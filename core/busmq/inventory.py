@@ -55,6 +55,8 @@ class QueueStats:
         mode: the consumption mode fixed by the first consumer, if any.
         paused: whether deliveries are paused.
         ttl: seconds until the queue expires if no attachment is renewed.
+        dead_lettered: messages ever moved to its dead-letter queue (that queue's last
+            id: requeues and purges do not lower it).
         rate_limit: the queue's delivery rate limit, if any.
         key_rate_limit: its per-header-value rate limit, if any.
     """
@@ -74,6 +76,7 @@ class QueueStats:
     mode: str | None
     paused: bool
     ttl: float
+    dead_lettered: int = 0
     rate_limit: RateLimit | None = None
     key_rate_limit: RateLimit | None = None
 
@@ -182,12 +185,17 @@ async def list_stats(
 
 
 def with_dead_letters(stats: list[QueueStats]) -> list[QueueStats]:
-    """``stats`` with each queue's ``dead_letters`` taken from its dead-letter queue's
-    ``messages``, when that queue is among them."""
-    dead = {s.name[: -len(DEAD_SUFFIX)]: s.messages for s in stats if s.is_dead_letter_queue}
+    """``stats`` with each queue's ``dead_letters`` and ``dead_lettered`` taken from its
+    dead-letter queue (``messages`` and ``last_id``), when that queue is among them."""
+    dead = {s.name[: -len(DEAD_SUFFIX)]: s for s in stats if s.is_dead_letter_queue}
     if not dead:
         return stats
-    return [s if s.name not in dead else _replace(s, dead_letters=dead[s.name]) for s in stats]
+    return [
+        s
+        if s.name not in dead
+        else _replace(s, dead_letters=dead[s.name].messages, dead_lettered=dead[s.name].last_id)
+        for s in stats
+    ]
 
 
 async def _read_chunk(client: aioredis.Redis, names: Sequence[str]) -> list[Any]:

@@ -186,6 +186,11 @@ class BusMetrics(Collector):
             "Hand-outs to the queue's consumer group (Redis 7+).",
             labels=["queue"],
         )
+        dead_lettered = CounterMetricFamily(
+            "busmq_queue_dead_lettered",
+            "Messages ever moved to the queue's dead letters (max deliveries, rejected, expired).",
+            labels=["queue"],
+        )
         sums: defaultdict[str, defaultdict[str, float]] = defaultdict(lambda: defaultdict(float))
         for q in snapshot.queues:
             label = self.label_of(q.name)
@@ -203,14 +208,17 @@ class BusMetrics(Collector):
             values["paused"] += int(q.paused)
             values["pushed"] += q.last_id
             values["delivered"] += q.delivered
+            values["dead_lettered"] += q.dead_lettered
         for label, values in sums.items():
             for name, family in families.items():
                 family.add_metric([label], values[name])
             pushed.add_metric([label], values["pushed"])
             delivered.add_metric([label], values["delivered"])
+            dead_lettered.add_metric([label], values["dead_lettered"])
         yield from families.values()
         yield pushed
         yield delivered
+        yield dead_lettered
         count = GaugeMetricFamily("busmq_queues", "Queues on the bus.")
         count.add_metric([], len(snapshot.queues))
         yield count

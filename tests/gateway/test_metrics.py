@@ -10,6 +10,7 @@ import aiohttp
 import grpc
 import pytest
 
+from busmq import Mode
 from busmq.v1 import queue_service_pb2 as pb
 from busmq.v1 import queue_service_pb2_grpc, types_pb2
 from busmq_gateway import Gateway, GatewaySettings
@@ -184,3 +185,22 @@ async def test_healthz_and_the_dashboard_page_are_served(gateway: Gateway) -> No
 def test_samples_parse_the_exposition_format() -> None:
     samples = Samples('# TYPE x_total counter\nx_total{queue="a"} 3.0\n')
     assert samples["x_total", {"queue": "a"}] == 3
+
+
+async def test_dead_letters_now_and_ever(gateway: Gateway) -> None:
+    queue = gateway.bus.queue("jobs")
+    await queue.attach(ttl=60)
+    await queue.push_batch(["a", "b", "c"])
+    async with queue.consume(Mode.AT_LEAST_ONCE, max=3) as consumer:
+        async for delivery in consumer:
+            if delivery.data == "c":
+                await delivery.ack()
+            else:
+                await delivery.reject("bad")
+    [requeued] = await queue.requeue_dead(limit=1)
+    samples = await scrape(base_url(gateway) + "/metrics")
+    jobs = {"queue": "jobs"}
+    assert samples["busmq_queue_dead_letters", jobs] == 1  # one left, one requeued
+    assert samples["busmq_queue_dead_lettered_total", jobs] == 2  # ever
+    assert samples["busmq_client_rejected_total", jobs] == 2
+    assert samples["busmq_queue_depth", jobs] == 1 and requeued == 4
