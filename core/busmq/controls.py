@@ -23,6 +23,7 @@ sleep until the next due time the read script reports.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 from datetime import datetime
@@ -69,6 +70,8 @@ class RetryPolicy:
     jitter: float = 0.1
 
     def __post_init__(self) -> None:
+        if not all(math.isfinite(v) for v in (self.initial, self.factor, self.max_delay)):
+            raise ValueError("RetryPolicy values must be finite numbers")
         if self.initial < 0 or self.max_delay < 0:
             raise ValueError("RetryPolicy delays must not be negative")
         if self.factor < 1:
@@ -97,7 +100,7 @@ class RateLimit:
     def __post_init__(self) -> None:
         if self.limit < 1:
             raise ValueError("RateLimit.limit must be at least 1")
-        if self.per_seconds <= 0:
+        if not math.isfinite(self.per_seconds) or self.per_seconds <= 0:
             raise ValueError("RateLimit.per_seconds must be positive")
         if self.key is not None and (not self.key or " " in self.key):
             raise ValueError("RateLimit.key must be a header name without spaces")

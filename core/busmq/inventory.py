@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from .shard import Shard
 
 SCAN_COUNT = 1000
+MAX_STREAM_SEQ = 2**64 - 1
 PIPELINE_QUEUES = 250
 """Queues whose figures one pipeline reads (6 commands each)."""
 
@@ -327,13 +328,16 @@ async def browse_pages(
     """:func:`browse` a page (one ``XRANGE``) at a time: never an empty page."""
     if from_id < 0 or (to_id is not None and to_id < from_id):
         raise ValueError("need 0 <= from_id <= to_id")
+    if from_id > MAX_STREAM_SEQ:
+        raise ValueError(f"from_id must be at most {MAX_STREAM_SEQ}")
     if follow and to_id is not None:
         raise ValueError("follow reads on without an end: give no to_id")
     if page < 1:
         raise ValueError("page must be at least 1")
     stream = queue._keys.stream
     start = f"{from_id}-0"
-    end = "+" if to_id is None else f"({to_id + 1}-0"
+    # The last id a stream can hold is 2**64 - 1: a to_id at or past it has no end.
+    end = "+" if to_id is None or to_id >= MAX_STREAM_SEQ else f"({to_id + 1}-0"
     shard = await queue._located() if follow else None
     wake = await shard.notifier.watch(queue.name) if shard is not None else None
     try:

@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from busmq import Bus, BusError, Queue, Retention
 
 from .errors import NotFound
+from .throttle import ThrottledLog
 
 log = logging.getLogger(__name__)
+_throttled = ThrottledLog(log)
 
 
 @dataclass
@@ -97,8 +99,15 @@ class Attachments:
             lapsed = [key for key, item in self._items.items() if item.expires_at < now]
             for key in lapsed:
                 item = self._items.pop(key)
-                log.info("attachment to %s lapsed (client stopped renewing)", item.queue.name)
+                _throttled.log(
+                    "lapsed",
+                    logging.INFO,
+                    "attachment to %s lapsed (client stopped renewing)",
+                    item.queue.name,
+                )
                 try:
                     await item.queue.detach()
                 except BusError as exc:
-                    log.warning("could not release lapsed attachment: %s", exc)
+                    _throttled.log(
+                        "release", logging.WARNING, "could not release a lapsed attachment: %s", exc
+                    )

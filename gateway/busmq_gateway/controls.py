@@ -90,7 +90,12 @@ def _bounded(value: float, name: str) -> float:
     return value
 
 
+LATEST_TIMESTAMP = 253_402_300_799  # 9999-12-31T23:59:59Z, the last one protobuf allows
+
+
 def _time(stamp: timestamp_pb2.Timestamp) -> datetime:
     if stamp.seconds < 0:
         raise RequestError("timestamps must be after 1970")
+    if stamp.seconds > LATEST_TIMESTAMP or not 0 <= stamp.nanos <= 999_999_999:
+        raise RequestError("not a valid timestamp (after year 9999, or nanos out of range)")
     return datetime.fromtimestamp(stamp.seconds + stamp.nanos / 1e9, UTC)

@@ -167,10 +167,24 @@ def optional_seconds(message: Any, field_name: str, default: float | None = None
     return value
 
 
+MAX_DURATION_SECONDS = 100 * 365.25 * 24 * 3600
+"""The longest duration a request may give (any ttl, timeout or delay): beyond it, the
+milliseconds Redis computes with would leave its integer range."""
+
+
 def seconds(duration: duration_pb2.Duration, field_name: str) -> float:
+    """A request's duration in seconds; refuses negative, invalid (nanos out of range or
+    of the other sign) and absurdly long ones."""
+    nanos_ok = -999_999_999 <= duration.nanos <= 999_999_999 and (
+        duration.seconds * duration.nanos >= 0
+    )
+    if not nanos_ok:
+        raise RequestError(f"{field_name} is not a valid duration (nanos out of range)")
     value = duration.seconds + duration.nanos / 1e9
     if value < 0:
         raise RequestError(f"{field_name} must not be negative")
+    if value > MAX_DURATION_SECONDS:
+        raise RequestError(f"{field_name} must be at most 100 years")
     return value
 
 

@@ -29,6 +29,7 @@ federation client first of all) rebuilds the exception without parsing the messa
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -42,7 +43,10 @@ from grpc_status import rpc_status
 
 from busmq import errors as core
 
+from .throttle import ThrottledLog
+
 log = logging.getLogger(__name__)
+_throttled = ThrottledLog(log)
 S = TypeVar("S")
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
@@ -164,23 +168,33 @@ def to_status(exc: BaseException, metadata: dict[str, str] | None = None) -> grp
 
 def failure_status(exc: Exception, method: str) -> status_pb2.Status:
     """The status that ``method`` reports for ``exc``, logged: a refusal briefly, an
-    unexpected failure with its traceback (and only "internal error" for the client).
+    unexpected failure with its traceback (and only "internal error" for the client);
+    either at most once a minute per method and kind (:mod:`busmq_gateway.throttle`).
     Shared by whole calls (:func:`rpc_errors`) and by the pushes of a ``PushMany``."""
     code, reason, _ = classify(exc)
     if code is grpc.StatusCode.INTERNAL:
-        log.error("%s failed", method, exc_info=exc)
+        key = (method, type(exc).__name__)
+        _throttled.log(key, logging.ERROR, "%s failed", method, exc_info=exc)
     else:
-        log.info("%s refused: %s %s", method, code.name, reason)
+        _throttled.log(
+            (method, reason), logging.INFO, "%s refused: %s %s", method, code.name, reason
+        )
     return error_status(exc)
 
 
 @asynccontextmanager
 async def rpc_errors(context: grpc.aio.ServicerContext, method: str) -> AsyncIterator[None]:
-    """Abort the call with the mapped status if the body raises."""
+    """Abort the call with the mapped status if the body raises. If the call already
+    ended (the client cancelled, or its deadline passed while the body ran), there is
+    nobody to tell: the call ends as cancelled, without the status grpc could not send
+    (and would log with a traceback, once per such call)."""
     try:
         yield
     except Exception as exc:
-        await context.abort_with_status(rpc_status.to_status(failure_status(exc, method)))
+        status = failure_status(exc, method)
+        if context.done():
+            raise asyncio.CancelledError from exc
+        await context.abort_with_status(rpc_status.to_status(status))
 
 
 def unary(

@@ -49,8 +49,10 @@ from .errors import (
 )
 from .inventory_service import QueueInventory
 from .streaming import Beat, StreamCount, paced
+from .throttle import ThrottledLog
 
 log = logging.getLogger(__name__)
+_throttled = ThrottledLog(log)
 
 
 class QueueService(QueueInventory, pb_grpc.QueueServiceServicer):
@@ -246,7 +248,13 @@ class QueueService(QueueInventory, pb_grpc.QueueServiceServicer):
                 # redelivered promptly rather than after the visibility timeout.
                 released = await consumer.release_pending()
                 if released:
-                    log.info("released %d unacked deliveries of %s", released, consumer.queue.name)
+                    _throttled.log(
+                        "released",
+                        logging.INFO,
+                        "released %d unacked deliveries of %s",
+                        released,
+                        consumer.queue.name,
+                    )
         except BusError as exc:
             log.warning("closing consumer of %s: %s", consumer.queue.name, exc)
 

@@ -38,6 +38,7 @@ from .persistable_service import PersistableService
 from .queue_service import QueueService
 from .request_service import RequestService
 from .rpc_metrics import RefusalCollector, RpcMetrics
+from .throttle import quiet_client_gone
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +129,7 @@ class Gateway:
         if self._own_bus:
             # Before gRPC starts its threads: the embedded Redis is a forked child.
             await self.bus.connect()
+        quiet_client_gone()
         interceptors = [AuthInterceptor(self.access)] if self.settings.authenticated else []
         self.server = grpc.aio.server(interceptors=interceptors, options=self._options())
         self.bus.events.on(self._on_bus_event)
