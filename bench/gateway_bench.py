@@ -1,5 +1,6 @@
-"""busmq gateway benchmark: the core workload through one gateway process, next to the
-same workload direct on the core, in one run.
+"""busmq gateway benchmark: the core workload through one gateway process (and through
+``--workers`` processes on one port), next to the same workload direct on the core, in
+one run.
 
 Workload: ``--queues`` queues (100), ``--size``-byte messages (32); producers push batches
 of ``--batch`` over unary ``Push`` calls and consumers read at-most-once over ``Consume``
@@ -44,21 +45,32 @@ TARGET_P99_MS = 3.0
 
 
 class GatewayTransport:
-    def __init__(self, target: str) -> None:
-        self.channel = grpc.aio.insecure_channel(target)
-        self.stub = queue_service_pb2_grpc.QueueServiceStub(self.channel)
+    """Calls through ``channels`` connections (each its own: with several gateway
+    workers, the kernel spreads connections, not calls), a queue's calls on one."""
+
+    def __init__(self, target: str, channels: int = 1) -> None:
+        options = [("grpc.use_local_subchannel_pool", 1)]
+        self.channels = [
+            grpc.aio.insecure_channel(target, options=options) for _ in range(channels)
+        ]
+        self.stubs = [queue_service_pb2_grpc.QueueServiceStub(c) for c in self.channels]
+        self.channel = self.channels[0]
+        self.stub = self.stubs[0]
+
+    def _stub(self, name: str) -> Any:
+        return self.stubs[hash(name) % len(self.stubs)]
 
     async def prepare(self, names: list[str]) -> None:
         for name in names:
-            await self.stub.AttachQueue(pb.AttachQueueRequest(queue=name), metadata=AUTH)
+            await self._stub(name).AttachQueue(pb.AttachQueueRequest(queue=name), metadata=AUTH)
 
     async def push(self, name: str, batch: list[bytes]) -> None:
         messages = [types_pb2.OutgoingMessage(payload=p) for p in batch]
-        await self.stub.Push(pb.PushRequest(queue=name, messages=messages), metadata=AUTH)
+        await self._stub(name).Push(pb.PushRequest(queue=name, messages=messages), metadata=AUTH)
 
     async def consume(self, name: str, on_message: Callable[[bytes], None]) -> None:
         request = pb.ConsumeRequest(queue=name, prefetch=200, batch=True)
-        call = self.stub.Consume(request, metadata=AUTH)
+        call = self._stub(name).Consume(request, metadata=AUTH)
         try:
             async for response in call:
                 if response.HasField("batch"):
@@ -69,7 +81,8 @@ class GatewayTransport:
             raise
 
     async def close(self) -> None:
-        await self.channel.close()
+        for channel in self.channels:
+            await channel.close()
 
 
 class CoreTransport:
@@ -187,12 +200,12 @@ async def _cancel(tasks: list[asyncio.Task[Any]]) -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def start_gateway(redis_url: str) -> tuple[asyncio.subprocess.Process, str]:
+async def start_gateway(redis_url: str, workers: int = 1) -> tuple[asyncio.subprocess.Process, str]:
     port = free_port()
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "busmq_gateway",
         "--listen", f"127.0.0.1:{port}", "--secret", SECRET, "--redis-url", redis_url,
-        "--log-level", "warning",
+        "--log-level", "warning", "--workers", str(workers), "--http-listen", "off",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
     assert process.stdout is not None
@@ -211,8 +224,29 @@ def report(rows: list[Figures]) -> None:
         )
 
 
+async def with_workers(args: argparse.Namespace, redis_url: str, workers: int) -> list[Figures]:
+    """The flood and the fixed-rate run through a gateway of ``workers`` processes."""
+    gateway, target = await start_gateway(redis_url, workers)
+    try:
+        remote = GatewayTransport(target, channels=8)
+        label = f"via gateway, {workers} workers"
+        rows = [
+            await flood(remote, f"flood {label}", args, f"w{workers}"),
+            await fixed_rate(remote, f"{args.rate:,.0f} msg/s {label}", args, f"w{workers}r"),
+        ]
+        await remote.close()
+        return rows
+    finally:
+        gateway.send_signal(signal.SIGTERM)
+        await gateway.wait()
+
+
 async def main(args: argparse.Namespace) -> None:
     with local_redis() as redis:
+        extra: list[Figures] = []
+        for workers in args.workers:
+            if workers > 1:
+                extra += await with_workers(args, redis.url, workers)
         gateway, target = await start_gateway(redis.url)
         try:
             bus = Bus(BusSettings(redis_urls=(redis.url,)))
@@ -235,7 +269,7 @@ async def main(args: argparse.Namespace) -> None:
         finally:
             gateway.send_signal(signal.SIGTERM)
             await gateway.wait()
-    report(rows)
+    report(rows + extra)
     gw, core = rows[0], rows[1]
     ratio = gw.consumed_per_s / core.consumed_per_s if core.consumed_per_s else float("nan")
     print(f"\ngateway / direct core (consumed/s): {ratio:.2f}")
@@ -246,6 +280,12 @@ async def main(args: argparse.Namespace) -> None:
         f"gateway RSS: {before:.0f} MiB -> {after:.0f} MiB with {args.idle_streams} idle streams "
         f"({(after - before) * 1024 / args.idle_streams:.1f} KiB per stream)"
     )
+    for row in extra:
+        if row.label.startswith("flood"):
+            ratio = row.consumed_per_s / core.consumed_per_s if core.consumed_per_s else 0.0
+            print(f"{row.label} / direct core (consumed/s): {ratio:.2f} (target >= 0.6)")
+        else:
+            print(f"{row.label}: p99 {row.p99_ms:.2f} ms (target <= 1 ms)")
     print(f"cpus: {os.cpu_count()}")
 
 
@@ -259,6 +299,12 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--window", type=int, default=1000)
     parser.add_argument("--rate", type=float, default=1000.0)
     parser.add_argument("--idle-streams", type=int, default=1000)
+    parser.add_argument(
+        "--workers",
+        type=lambda text: [int(n) for n in text.split(",")],
+        default=[1, 2],
+        help="gateway process counts to measure, e.g. 1,2 (1 is always measured)",
+    )
     return parser.parse_args()
 
 

@@ -59,6 +59,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=100,
         help="queues with their own metrics label (the rest are summed as _other)",
     )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=int(env("BUSMQ_GATEWAY_WORKERS", "1")),
+        help="gateway processes sharing the port (SO_REUSEPORT) under one supervisor",
+    )
+    parser.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--redis-url", action="append", default=[], help="a shard; may repeat")
     parser.add_argument("--data-dir", help="embedded Redis data directory")
     parser.add_argument("--max-message-bytes", type=int, default=8 * 1024 * 1024)
@@ -94,6 +101,7 @@ def settings_from(args: argparse.Namespace) -> GatewaySettings:
         grace_seconds=args.grace_seconds,
         http_listen=None if args.http_listen in ("", "off") else args.http_listen,
         metrics_max_queues=args.metrics_max_queues,
+        reuse_port=args.reuse_port,
     )
 
 
@@ -105,6 +113,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     except (ValueError, OSError) as exc:
         print(f"busmq-gateway: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+    if args.workers > 1:
+        from .workers import supervise
+
+        raise SystemExit(asyncio.run(supervise(settings, sys.argv[1:] if argv is None else argv,
+                                               args.workers)))  # fmt: skip
+    if args.workers < 1:
+        print("busmq-gateway: --workers must be at least 1", file=sys.stderr)
+        raise SystemExit(2)
     asyncio.run(serve(settings))
 
 

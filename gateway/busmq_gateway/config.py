@@ -55,6 +55,9 @@ class GatewaySettings:
             secret and TLS (or ``allow_plaintext``), like the gRPC port.
         metrics_max_queues: queues reported under their own label; the rest are summed.
         metrics_cache_seconds: how long one read of the bus's figures serves scrapes.
+        reuse_port: bind the port with ``SO_REUSEPORT``, shared by the worker processes
+            of one supervisor (``--workers``); off, a second gateway on the same port
+            fails to start.
     """
 
     listen: str = "127.0.0.1:8443"
@@ -73,6 +76,7 @@ class GatewaySettings:
     http_listen: str | None = None
     metrics_max_queues: int = 100
     metrics_cache_seconds: float = 2.0
+    reuse_port: bool = False
 
     def __post_init__(self) -> None:
         if ":" not in self.listen:

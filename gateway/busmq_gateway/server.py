@@ -123,6 +123,7 @@ class Gateway:
             # Clients may ping as often as every 10 s on long-lived idle streams.
             ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
             ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+            ("grpc.so_reuseport", int(self.settings.reuse_port)),
         ]
 
     async def start(self) -> None:
