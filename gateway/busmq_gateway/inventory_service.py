@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from busmq import Bus, inventory
+from busmq import Bus, QueueNotFoundError, inventory
 from busmq.inventory import QueueStats
 from busmq.message import Message
 from busmq.v1 import queue_service_pb2 as pb
@@ -19,7 +19,7 @@ from .access import CURRENT
 from .config import GatewaySettings
 from .controls import rate_limit_proto
 from .convert import duration, message_fields
-from .errors import NotFound, RequestError, rpc_errors, unary
+from .errors import RequestError, rpc_errors, unary
 from .principals import Kind
 from .streaming import Beat, StreamCount, paced
 
@@ -66,11 +66,7 @@ class QueueInventory:
                 raise RequestError("follow reads on without an end: give no to_id")
             queue = self._bus.queue(request.queue)
             if not await queue.exists():
-                raise NotFound(
-                    f"queue {request.queue!r} does not exist",
-                    "QUEUE_NOT_FOUND",
-                    {"queue": request.queue},
-                )
+                raise QueueNotFoundError(request.queue)
             pages = inventory.browse_pages(
                 queue, request.from_id, request.to_id or None, follow=request.follow
             )

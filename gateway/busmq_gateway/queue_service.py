@@ -314,14 +314,7 @@ class QueueService(QueueInventory, pb_grpc.QueueServiceServicer):
         self, request: pb.GetQueueRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetQueueResponse:
         queue = self._bus.queue(request.queue)
-        try:
-            info = await queue.info()  # counts, controls and ttl in one round trip
-        except QueueNotFoundError:
-            raise NotFound(
-                f"queue {request.queue!r} does not exist",
-                "QUEUE_NOT_FOUND",
-                {"queue": request.queue},
-            ) from None
+        info = await queue.info()  # counts, controls and ttl in one round trip
         return pb.GetQueueResponse(
             queue=queue.name,
             count=info.count,
@@ -377,11 +370,7 @@ class QueueService(QueueInventory, pb_grpc.QueueServiceServicer):
     ) -> pb.CloseQueueResponse:
         queue = self._bus.queue(request.queue)
         if not await queue.exists():
-            raise NotFound(
-                f"queue {request.queue!r} does not exist",
-                "QUEUE_NOT_FOUND",
-                {"queue": request.queue},
-            )
+            raise QueueNotFoundError(request.queue)
         for consumer in [c for c in self._consumers.values() if c.queue.name == queue.name]:
             consumer.stop()
         await queue.close()
