@@ -240,3 +240,26 @@ async def test_commands_through_a_gateway(redis_server: RedisServer, tmp_path: P
         assert refused.code == 1 and "credentials" in refused.err
     finally:
         await gateway.stop()
+
+
+async def test_through_a_tls_gateway_with_its_ca(redis_server: RedisServer, tmp_path: Path) -> None:
+    from tests.support.certs import make_pki
+
+    ca, server, _client = make_pki(tmp_path)
+    secret = "cli-tls-secret-0123456789"
+    (tmp_path / "secret").write_text(secret)
+    gateway = GatewayProcess(
+        redis_server.url, (secret,), "--tls-cert", str(server.cert), "--tls-key", str(server.key)
+    )
+    await gateway.start()
+    try:
+        via = ("--gateway", f"https://{gateway.target}", "--secret-file", str(tmp_path / "secret"))
+        pushed = await busmq(*via, "--ca-file", str(ca.cert), "--json", "push", "secure",
+                             stdin=b"x\n")  # fmt: skip
+        assert pushed.code == 0, pushed.err
+        listed = await busmq(*via, "--ca-file", str(ca.cert), "--json", "queues")
+        assert [q["name"] for q in listed.json()] == ["secure"]
+        untrusted = await busmq(*via, "queues")  # the system roots do not know this CA
+        assert untrusted.code == 1
+    finally:
+        await gateway.stop()
