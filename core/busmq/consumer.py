@@ -25,7 +25,6 @@ import asyncio
 import enum
 import itertools
 import logging
-import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -33,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import redis.exceptions as rex
 
 from .acks import AckBatcher
-from .controls import RetryPolicy, Settlement
+from .controls import RetryPolicy, Settlement, settle
 from .errors import (
     BusClosedError,
     BusError,
@@ -317,34 +316,14 @@ class Consumer:
         retry past ``max_deliveries`` dead-letters instead. Whichever consumer received
         them. Returns the ids that were not pending."""
         self._require_acks()
-        if settlement.release:
-            op, delay = "release", "0"
-        elif settlement.reject:
-            op, delay = "reject", "0"
-        elif settlement.delay > 0:
-            op, delay = "retry", str(int(settlement.delay * 1000))
-        elif self.retry_policy is not None:
-            policy = self.retry_policy
-            jitter = 1 - policy.jitter * random.random()
-            op = "retry"
-            delay = (
-                f"policy {int(policy.initial * 1000)} {policy.factor} "
-                f"{int(policy.max_delay * 1000)} {jitter}"
-            )
-        else:
-            op, delay = "retry", "0"
-        queue = self.queue
-        max_deliveries = "" if self.max_deliveries is None else str(self.max_deliveries)
-        error = settlement.error or ""
-        args: list[str | int] = [op, queue.name, self.name, delay, max_deliveries, error, *ids]
-        unknown: list[bytes] = await queue._run(
-            lambda c: queue._bus.scripts.call(c, "settle", queue._keys.with_dead_letters(), args),
-            idempotent=False,
+        return await settle(
+            self.queue,
+            self.name,
+            ids,
+            settlement,
+            retry_policy=self.retry_policy,
+            max_deliveries=self.max_deliveries,
         )
-        if op != "release":
-            kind = "rejected" if op == "reject" else "retried"
-            queue._bus.counters.add(kind, queue.name, len(ids) - len(unknown))
-        return [int(u) for u in unknown]
 
     async def _flush_acks(self, ids: list[int]) -> list[int]:
         unknown: list[int] = await self.queue._ack_ids(ids)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
@@ -32,7 +33,7 @@ from typing import TYPE_CHECKING
 import redis.asyncio as aioredis
 
 from .errors import QueueNotFoundError, RedisCommandError
-from .keys import QueueKeys, dead_letter_name
+from .keys import CONSUMER_GROUP, QueueKeys, dead_letter_name
 
 if TYPE_CHECKING:
     from .queue import Queue
@@ -262,3 +263,62 @@ async def requeue_dead(queue: Queue, ids: list[int] | None, limit: int) -> list[
     except RedisCommandError as exc:
         raise queue._script_error(exc) from None
     return [int(i) for i in reply]
+
+
+async def settle(
+    queue: Queue,
+    consumer: str,
+    ids: Sequence[int],
+    settlement: Settlement,
+    *,
+    retry_policy: RetryPolicy | None = None,
+    max_deliveries: int | None = None,
+) -> list[int]:
+    """Settle at-least-once deliveries of ``queue`` other than by ack (see
+    :class:`Settlement`), as consumer ``consumer`` of its group: what a consumer's
+    ``settle`` does, and what a process that does not hold the consumer (another
+    gateway worker) can do by its name. Returns the ids that were not pending."""
+    if settlement.release:
+        op, delay = "release", "0"
+    elif settlement.reject:
+        op, delay = "reject", "0"
+    elif settlement.delay > 0:
+        op, delay = "retry", str(int(settlement.delay * 1000))
+    elif retry_policy is not None:
+        jitter = 1 - retry_policy.jitter * random.random()
+        op = "retry"
+        delay = (
+            f"policy {int(retry_policy.initial * 1000)} {retry_policy.factor} "
+            f"{int(retry_policy.max_delay * 1000)} {jitter}"
+        )
+    else:
+        op, delay = "retry", "0"
+    limit = "" if max_deliveries is None else str(max_deliveries)
+    args: list[str | int] = [op, queue.name, consumer, delay, limit, settlement.error or "", *ids]
+    unknown: list[bytes] = await queue._run(
+        lambda c: queue._bus.scripts.call(c, "settle", queue._keys.with_dead_letters(), args),
+        idempotent=False,
+    )
+    if op != "release":
+        kind = "rejected" if op == "reject" else "retried"
+        queue._bus.counters.add(kind, queue.name, len(ids) - len(unknown))
+    return [int(u) for u in unknown]
+
+
+async def has_consumer(queue: Queue, consumer: str) -> bool:
+    """Whether ``consumer`` is registered in ``queue``'s consumer group."""
+    stream = queue._keys.stream
+
+    async def read(client: aioredis.Redis) -> list[dict[str, object]]:
+        try:
+            found: list[dict[str, object]] = await client.xinfo_consumers(stream, CONSUMER_GROUP)
+        except aioredis.ResponseError:  # no stream or no group yet
+            return []
+        return found
+
+    names = {_text(c.get("name")) for c in await queue._run(read, idempotent=True)}
+    return consumer in names
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -21,6 +21,7 @@ from busmq import (
     QueueNotFoundError,
     Retention,
     UnknownMessageError,
+    controls,
 )
 from busmq.controls import Settlement
 from busmq.v1 import queue_service_pb2 as pb
@@ -278,22 +279,34 @@ class QueueService(QueueInventory, pb_grpc.QueueServiceServicer):
     async def Nack(
         self, request: pb.NackRequest, context: grpc.aio.ServicerContext
     ) -> pb.NackResponse:
-        consumer = self._consumer_of(request.queue, request.consumer_id)
         delay = 0.0
         if request.HasField("delay"):
             delay = seconds(request.delay, "delay")
         settlement = Settlement(delay=delay, error=request.error[:1024] or None)
-        unknown = await consumer.settle(list(request.ids), settlement)
+        unknown = await self._settle(request.queue, request.consumer_id, request.ids, settlement)
         return pb.NackResponse(unknown_ids=unknown)
 
     @unary
     async def Reject(
         self, request: pb.RejectRequest, context: grpc.aio.ServicerContext
     ) -> pb.RejectResponse:
-        consumer = self._consumer_of(request.queue, request.consumer_id)
         settlement = Settlement(reject=True, error=request.reason[:1024] or None)
-        unknown = await consumer.settle(list(request.ids), settlement)
+        unknown = await self._settle(request.queue, request.consumer_id, request.ids, settlement)
         return pb.RejectResponse(unknown_ids=unknown)
+
+    async def _settle(
+        self, queue: str, consumer_id: str, ids: Sequence[int], settlement: Settlement
+    ) -> list[int]:
+        """Settle through the stream's consumer; when the stream is served by another
+        gateway process (another worker, or instance, on the same Redis), by the
+        consumer's name in Redis's group, without its retry policy or max deliveries
+        (the queue's apply)."""
+        consumer = self._consumers.get(consumer_id)
+        if consumer is not None:
+            return await self._consumer_of(queue, consumer_id).settle(list(ids), settlement)
+        if not consumer_id or not await controls.has_consumer(self._bus.queue(queue), consumer_id):
+            raise NotFound("no active stream with that consumer_id", "CONSUMER_NOT_FOUND")
+        return await controls.settle(self._bus.queue(queue), consumer_id, list(ids), settlement)
 
     def _consumer_of(self, queue: str, consumer_id: str) -> Consumer:
         consumer = self._consumer(consumer_id)

@@ -13,6 +13,7 @@ from busmq.v1 import queue_service_pb2 as pb
 from busmq.v1 import types_pb2
 from tests.gateway.conftest import AUTH, GatewayUnderTest
 from tests.gateway.test_queue_service import attach, error_reason, text
+from tests.support.redis_server import RedisServer
 
 ALO = types_pb2.CONSUME_MODE_AT_LEAST_ONCE
 
@@ -201,3 +202,48 @@ async def test_a_bad_rate_limit_is_invalid_argument(gateway: GatewayUnderTest) -
             metadata=AUTH,
         )
     assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_nack_and_reject_reach_a_stream_served_by_another_gateway_process(
+    gateway: GatewayUnderTest, redis_server: RedisServer
+) -> None:
+    """Two gateways on one Redis stand for two workers: the stream is on one, the
+    settlements land on the other; the consumer lives in Redis's group."""
+    from busmq.v1 import queue_service_pb2_grpc
+    from busmq_gateway import Gateway, GatewaySettings
+    from tests.conftest import fast_settings
+    from tests.gateway.conftest import SECRETS
+
+    other = Gateway(GatewaySettings(listen="127.0.0.1:0", secrets=SECRETS,
+                                    bus=fast_settings([redis_server.url])))  # fmt: skip
+    await other.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{other.port}") as channel:
+            elsewhere = queue_service_pb2_grpc.QueueServiceStub(channel)
+            queues = gateway.queues
+            await queues.AttachQueue(pb.AttachQueueRequest(queue="split"), metadata=AUTH)
+            messages = [types_pb2.OutgoingMessage(payload=b"%d" % n) for n in range(3)]
+            await queues.Push(pb.PushRequest(queue="split", messages=messages), metadata=AUTH)
+            request = pb.ConsumeRequest(queue="split", mode=ALO)
+            stream = await Stream(gateway, request).start()
+            consumer_id = stream.consumer_id
+            first = [(await stream.next()).message.id for _ in range(3)]
+            assert first == [1, 2, 3]
+
+            nack = pb.NackRequest(queue="split", consumer_id=consumer_id, ids=[1])
+            nack.delay.FromMilliseconds(200)
+            assert not (await elsewhere.Nack(nack, metadata=AUTH)).unknown_ids
+            reject = pb.RejectRequest(queue="split", consumer_id=consumer_id, ids=[2], reason="no")
+            assert not (await elsewhere.Reject(reject, metadata=AUTH)).unknown_ids
+            again = await stream.next()
+            assert (again.message.id, again.delivery_count) == (1, 2)  # retried, after 200 ms
+            info = await queues.GetQueue(pb.GetQueueRequest(queue="split"), metadata=AUTH)
+            assert info.dead_letters == 1
+
+            unknown = pb.NackRequest(queue="split", consumer_id="no-such-consumer", ids=[3])
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await elsewhere.Nack(unknown, metadata=AUTH)
+            assert refused.value.code() is grpc.StatusCode.NOT_FOUND
+            stream.call.cancel()
+    finally:
+        await other.stop()
