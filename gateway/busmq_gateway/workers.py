@@ -12,7 +12,8 @@ and the acks of its deliveries meet the same consumer). The supervisor
 - restarts a worker that exits on its own (at most ``MAX_RESTARTS`` within
   ``RESTART_WINDOW`` seconds, then it stops everything and exits 1);
 - drains on SIGTERM/SIGINT: every worker gets SIGTERM and drains its streams (clients
-  resume on a worker of another gateway, or of this one after a restart);
+  resume on a worker of another gateway, or of this one after a restart); if the
+  supervisor itself is killed, each worker gets SIGTERM from the kernel and drains;
 - serves the HTTP listener itself: ``/healthz`` (every worker up and Redis online),
   the dashboard and ``/metrics``, where the workers' gRPC metrics are summed by
   prometheus_client's multiprocess mode and the bus's figures are read by the
@@ -38,6 +39,7 @@ from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
 from busmq import Bus, BusState, EmbeddedRedis
+from busmq.embedded import die_with_parent
 from busmq.metrics import BusMetrics
 
 from .access import Access
@@ -70,8 +72,10 @@ class Worker:
         return self.process is not None and self.process.returncode is None
 
     async def start(self, timeout: float = 60.0) -> None:
+        # A worker outliving its supervisor would keep serving (and holding the port)
+        # with nobody to restart or stop it: it gets SIGTERM, and drains, if that dies.
         self.process = await asyncio.create_subprocess_exec(
-            *self.argv, env=self.env, stdout=asyncio.subprocess.PIPE
+            *self.argv, env=self.env, stdout=asyncio.subprocess.PIPE, preexec_fn=die_with_parent
         )
         assert self.process.stdout is not None
         async with asyncio.timeout(timeout):

@@ -145,3 +145,21 @@ async def test_a_killed_worker_loses_nothing_acknowledged_and_sigterm_drains_all
         if supervisor.returncode is None:
             supervisor.kill()
             await supervisor.wait()
+
+
+async def test_workers_do_not_outlive_a_killed_supervisor(tmp_path: Path) -> None:
+    async with RedisServer(tmp_path / "redis") as redis:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("BUSMQ_")}
+        supervisor, _ = await spawn_until_ready(
+            sys.executable, "-m", "busmq_gateway", "--workers", "2",
+            "--listen", f"127.0.0.1:{free_port()}", "--http-listen", "off",
+            "--redis-url", redis.url, f"--secret={SECRET}", "--grace-seconds", "2", env=env,
+        )  # fmt: skip
+        workers = workers_of(supervisor.pid)
+        assert len(workers) == 2
+        supervisor.kill()
+        await supervisor.wait()
+        _gone, alive = await asyncio.to_thread(psutil.wait_procs, workers, timeout=20)
+        for orphan in alive:  # so that a failure does not leave them serving
+            orphan.kill()
+        assert not alive, "workers outlived their supervisor"
