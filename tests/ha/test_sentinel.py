@@ -27,6 +27,8 @@ from tests.support.gateway_process import gateway_and_remote_bus
 from tests.support.redis_server import RedisServer, free_port
 from tests.support.sentinel import SERVICE, SentinelGroup
 
+pytestmark = pytest.mark.usefixtures("collect_sentinel_leaks")
+
 MakeBus = Callable[..., Awaitable[Bus]]
 
 

@@ -25,7 +25,10 @@ from tests.support.waiting import eventually
 # it when a failover breaks a query in flight (redis/redis-py#3201, #3259); the garbage
 # collector then warns mid-test. The leak is redis-py's and bounded (one socket per
 # broken query); these tests are about loss, not that warning.
-pytestmark = pytest.mark.filterwarnings("ignore:unclosed:ResourceWarning")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:unclosed:ResourceWarning"),
+    pytest.mark.usefixtures("collect_sentinel_leaks"),
+]
 
 TOTAL = 20_000
 PRODUCERS = 16

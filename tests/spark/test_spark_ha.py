@@ -17,6 +17,7 @@ from tests.support.sentinel import SentinelGroup
 pytestmark = pytest.mark.spark
 
 
+@pytest.mark.usefixtures("collect_sentinel_leaks")
 async def test_batch_read_and_write_on_a_sentinel_shard(spark: Any, tmp_path: Path) -> None:
     async with SentinelGroup(tmp_path / "sentinel", replicas=1) as group:
         async with Bus(fast_settings([group.url])) as bus:
