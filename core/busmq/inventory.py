@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 SCAN_COUNT = 1000
 MAX_STREAM_SEQ = 2**64 - 1
 PIPELINE_QUEUES = 250
-"""Queues whose figures one pipeline reads (6 commands each)."""
+"""Queues whose figures one pipeline reads."""
+COMMANDS_PER_QUEUE = 7
 
 _INFO_MATCH = f"{PREFIX}:{{*:i"
 
@@ -123,7 +124,8 @@ async def read_stats(shard: Shard, names: Sequence[str]) -> list[QueueStats]:
             functools.partial(_read_chunk, names=chunk), idempotent=True, timeout=_long(shard)
         )
         for index, name in enumerate(chunk):
-            stats = _parse(name, shard.label, replies[index * 6 : index * 6 + 6])
+            at = index * COMMANDS_PER_QUEUE
+            stats = _parse(name, shard.label, replies[at : at + COMMANDS_PER_QUEUE])
             if stats is not None:
                 result.append(stats)
     return with_dead_letters(result)
@@ -194,36 +196,32 @@ def with_dead_letters(stats: list[QueueStats]) -> list[QueueStats]:
     return [
         s
         if s.name not in dead
-        else _replace(s, dead_letters=dead[s.name].messages, dead_lettered=dead[s.name].last_id)
+        else dataclasses.replace(
+            s, dead_letters=dead[s.name].messages, dead_lettered=dead[s.name].last_id
+        )
         for s in stats
     ]
 
 
 async def _read_chunk(client: aioredis.Redis, names: Sequence[str]) -> list[Any]:
+    """One pipeline, :data:`COMMANDS_PER_QUEUE` replies per queue in ``names``."""
     pipe = client.pipeline(transaction=False)
     now_ms = int(time.time() * 1000)
     for name in names:
         keys = QueueKeys(name)
         pipe.hmget(keys.info, "seq", "mode", "paused", "rate", "krate")
+        pipe.pttl(keys.info)
         pipe.xlen(keys.stream)
         pipe.zcard(keys.due)
         pipe.xinfo_groups(keys.stream)
         pipe.xpending_range(keys.stream, CONSUMER_GROUP, min="-", max="+", count=1)
         pipe.zcount(keys.leases, f"({now_ms}", "+inf")
-    pttls = client.pipeline(transaction=False)
-    for name in names:
-        pttls.pttl(QueueKeys(name).info)
     replies: list[Any] = await pipe.execute(raise_on_error=False)
-    ttls: list[Any] = await pttls.execute(raise_on_error=False)
-    # Six replies per queue: fold the ttl into the HMGET reply.
-    for index, ttl in enumerate(ttls):
-        if isinstance(replies[index * 6], list):
-            replies[index * 6] = [*replies[index * 6], ttl]
     return replies
 
 
 def _parse(name: str, shard: str, replies: list[Any]) -> QueueStats | None:
-    conf, length, delayed, groups, oldest, attachments = replies
+    conf, ttl_ms, length, delayed, groups, oldest, attachments = replies
     if not isinstance(conf, list) or conf[0] is None:
         return None
     messages = _int(length)
@@ -239,7 +237,6 @@ def _parse(name: str, shard: str, replies: list[Any]) -> QueueStats | None:
     if pending and isinstance(oldest, list) and oldest:
         oldest_seconds = _int(oldest[0].get("time_since_delivered")) / 1000
     mode = conf[1].decode() if isinstance(conf[1], bytes) else None
-    ttl_ms = _int(conf[5]) if len(conf) > 5 else 0
     return QueueStats(
         name=name,
         shard=shard,
@@ -255,7 +252,7 @@ def _parse(name: str, shard: str, replies: list[Any]) -> QueueStats | None:
         delivered=delivered,
         mode=mode,
         paused=conf[2] is not None,
-        ttl=max(ttl_ms, 0) / 1000,
+        ttl=max(_int(ttl_ms), 0) / 1000,
         rate_limit=RateLimit.decode(conf[3]),
         key_rate_limit=RateLimit.decode(conf[4]),
     )
@@ -282,10 +279,6 @@ def _int(value: object) -> int:
         except ValueError:
             return 0
     return 0
-
-
-def _replace(stats: QueueStats, **changes: Any) -> QueueStats:
-    return dataclasses.replace(stats, **changes)
 
 
 async def _xrange(

@@ -64,8 +64,7 @@ def encode(value: Payload, headers: Mapping[str, str] | None, limit: int) -> Enc
         payload, kind = value.encode("utf-8"), PayloadKind.TEXT
     else:
         payload, kind = _dump_json(value), PayloadKind.JSON
-    encoded_headers = _encode_headers(headers) if headers else b""
-    message = EncodedMessage(payload, kind, encoded_headers)
+    message = EncodedMessage(payload, kind, encode_headers(headers))
     if message.size > limit:
         raise MessageTooLargeError(message.size, limit)
     return message
@@ -92,7 +91,14 @@ def _dump_json(value: object) -> bytes:
         raise InvalidMessageError(f"payload is not JSON-serialisable: {exc}") from None
 
 
-def _encode_headers(headers: Mapping[str, str]) -> bytes:
+def encode_headers(headers: Mapping[str, str] | None) -> bytes:
+    """Headers as a message stores them: a JSON object, or ``b""`` when there are none.
+
+    Raises:
+        InvalidMessageError: the headers do not map non-empty ``str`` to ``str``.
+    """
+    if not headers:
+        return b""
     for key, val in headers.items():
         if not isinstance(key, str) or not key or not isinstance(val, str):
             raise InvalidMessageError(

@@ -39,10 +39,10 @@ import grpc
 
 from .errors import RequestError
 from .principals import ALL_VERBS, Grant, Kind, Principal, Verb
+from .throttle import INTERVAL_SECONDS, ThrottledLog
 
 log = logging.getLogger(__name__)
 
-LOG_INTERVAL_SECONDS = 60.0
 ANONYMOUS = Principal(
     "anonymous", grants=tuple(Grant(kind, ("*",), ALL_VERBS) for kind in Kind), metrics=True
 )
@@ -147,26 +147,20 @@ class LimitExceeded(RequestError):
 
 
 class RefusalLog:
-    """One line per interval and principal: the first refusal, then how many followed."""
+    """Counts refusals by principal and reason; logs them through a
+    :class:`ThrottledLog`, one line per interval and principal."""
 
-    def __init__(self, interval: float = LOG_INTERVAL_SECONDS) -> None:
-        self.interval = interval
+    def __init__(self, interval: float = INTERVAL_SECONDS) -> None:
         self.totals: dict[tuple[str, str], int] = {}
-        self._unlogged: dict[str, int] = {}
-        self._next: dict[str, float] = {}
+        self._log = ThrottledLog(log, interval)
 
     def refused(self, principal: str, reason: str, detail: str) -> None:
         key = (principal, reason)
         self.totals[key] = self.totals.get(key, 0) + 1
-        self._unlogged[principal] = self._unlogged.get(principal, 0) + 1
-        now = time.monotonic()
-        if now >= self._next.get(principal, 0.0):
-            log.warning(
-                "refused %d call(s) of principal %s in the last %.0f s (latest: %s: %s)",
-                self._unlogged[principal], principal, self.interval, reason, detail,
-            )  # fmt: skip
-            self._unlogged[principal] = 0
-            self._next[principal] = now + self.interval
+        self._log.log(
+            principal, logging.WARNING, "refused a call of principal %s (%s: %s)",
+            principal, reason, detail,
+        )  # fmt: skip
 
 
 class _Bucket:

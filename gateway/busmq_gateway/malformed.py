@@ -11,15 +11,14 @@ garbage cannot fill a disk.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
 from google.protobuf.message import DecodeError
 
-log = logging.getLogger(__name__)
+from .throttle import INTERVAL_SECONDS, ThrottledLog
 
-LOG_INTERVAL_SECONDS = 60.0
+log = logging.getLogger(__name__)
 
 
 class _Malformed:
@@ -30,27 +29,16 @@ MALFORMED = _Malformed()
 
 
 class MalformedLog:
-    """One log line per interval: the first refusal, then how many followed."""
+    """Counts refused malformed requests; logs them through a :class:`ThrottledLog`
+    (the first of an interval, then how many followed)."""
 
-    def __init__(self, interval: float = LOG_INTERVAL_SECONDS) -> None:
-        self.interval = interval
+    def __init__(self, interval: float = INTERVAL_SECONDS) -> None:
         self.total = 0
-        self._unlogged = 0
-        self._next = 0.0
+        self._log = ThrottledLog(log, interval)
 
     def refused(self, method: str) -> None:
         self.total += 1
-        self._unlogged += 1
-        now = time.monotonic()
-        if now >= self._next:
-            log.warning(
-                "refused %d malformed request(s) in the last %.0f s (latest: %s)",
-                self._unlogged,
-                self.interval,
-                method,
-            )
-            self._unlogged = 0
-            self._next = now + self.interval
+        self._log.log("malformed", logging.WARNING, "refused a malformed request (%s)", method)
 
 
 def tolerant(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:

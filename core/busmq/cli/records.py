@@ -16,7 +16,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from ..message import EncodedMessage, Message, PayloadKind
+from ..errors import InvalidMessageError
+from ..message import EncodedMessage, Message, PayloadKind, encode_headers
 
 KIND_NAMES = {PayloadKind.BYTES: "bytes", PayloadKind.TEXT: "text", PayloadKind.JSON: "json"}
 KINDS_BY_NAME = {name: kind for kind, name in KIND_NAMES.items()}
@@ -65,12 +66,12 @@ def from_record(record: Mapping[str, Any]) -> EncodedMessage:
             except ValueError as exc:
                 raise RecordError(f"json payload does not parse: {exc}") from None
     headers = record.get("headers") or {}
-    if not isinstance(headers, dict) or not all(
-        isinstance(k, str) and k and isinstance(v, str) for k, v in headers.items()
-    ):
-        raise RecordError("headers must map non-empty strings to strings")
-    encoded_headers = json.dumps(headers, separators=(",", ":")).encode() if headers else b""
-    return EncodedMessage(data, kind, encoded_headers)
+    if not isinstance(headers, dict):
+        raise RecordError("headers must be a JSON object")
+    try:
+        return EncodedMessage(data, kind, encode_headers(headers))
+    except InvalidMessageError as exc:
+        raise RecordError(str(exc)) from None
 
 
 def parse_line(line: str, number: int) -> EncodedMessage:

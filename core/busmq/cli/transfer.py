@@ -12,9 +12,9 @@ import argparse
 import json
 import sys
 from collections.abc import AsyncIterator, Iterable, Iterator
-from typing import IO, Any
+from typing import IO
 
-from ..message import EncodedMessage, PayloadKind
+from ..message import EncodedMessage, Message, PayloadKind, encode_headers
 from .admin import Admin
 from .output import Output
 from .records import RecordError, parse_line, to_line
@@ -81,7 +81,7 @@ async def _from_sync(chunks: Iterator[list[EncodedMessage]]) -> AsyncIterator[li
 def _push_lines(
     lines: IO[str], kind: PayloadKind, headers: dict[str, str]
 ) -> Iterator[EncodedMessage]:
-    encoded_headers = json.dumps(headers, separators=(",", ":")).encode() if headers else b""
+    encoded_headers = encode_headers(headers)
     for number, raw in enumerate(lines, 1):
         line = raw.rstrip("\n")
         if not line:
@@ -121,13 +121,8 @@ async def _records_of(
             yield [_encoded(m) for m in page[start : start + BATCH]]
 
 
-def _encoded(message: Any) -> EncodedMessage:
-    headers = (
-        json.dumps(dict(message.headers), separators=(",", ":")).encode()
-        if message.headers
-        else b""
-    )
-    return EncodedMessage(message.payload, message.kind, headers)
+def _encoded(message: Message) -> EncodedMessage:
+    return EncodedMessage(message.payload, message.kind, encode_headers(message.headers))
 
 
 async def _count(admin: Admin, queue: str) -> int | None:
