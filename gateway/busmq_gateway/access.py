@@ -6,7 +6,8 @@ lookup time tells nothing about the secret) or, on an mTLS port, by its verified
 certificate (common name or a subject alternative name). Each method names the object
 kind, the verb it needs and the object names it touches:
 
-    queues        push: Push, PushMany          consume: Consume
+    queues        push: Push, PushMany,         consume: Consume
+                  PushStream (each request)
                   ack: Ack, Nack, Reject        admin: RequeueDead, UpdateQueueControls,
                   any verb: AttachQueue,               UpdateQueueMetadata, FlushQueue,
                   GetQueue (ListQueues shows           CloseQueue, BrowseQueue
@@ -94,6 +95,10 @@ RULES: dict[str, Rule] = {
         lambda r: [p.queue for p in r.pushes],
         lambda r: sum(len(p.messages) for p in r.pushes),
     ),
+    # Checked per request: a refused push is answered with its error, the stream goes on.
+    "/busmq.v1.QueueService/PushStream": Rule(
+        _Q, (_PUSH,), lambda r: (r.push.queue,), lambda r: len(r.push.messages)
+    ),
     "/busmq.v1.QueueService/Consume": Rule(_Q, (_CONSUME,), _queue),
     "/busmq.v1.QueueService/Ack": Rule(_Q, (_ACK,), _queue),
     "/busmq.v1.QueueService/Nack": Rule(_Q, (_ACK,), _queue),
@@ -121,6 +126,15 @@ RULES: dict[str, Rule] = {
     "/busmq.v1.RequestService/Serve": Rule(_S, (_CONSUME,), _service),
     "/busmq.v1.RequestService/Reply": TOKEN,
 }
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A request read from a client stream that its caller may not make: the stream
+    answers it with ``error`` and goes on."""
+
+    request: Any
+    error: RequestError
 
 
 class Unauthenticated(RequestError):

@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 
-from .access import CURRENT, Access
+from .access import CURRENT, Access, Refused
 from .errors import RequestError, to_status
 from .malformed import MALFORMED, MalformedLog, tolerant
 from .principals import Principal
@@ -51,17 +51,63 @@ class Guard:
     async def _admit(
         self, method: str, request: Any, context: grpc.aio.ServicerContext
     ) -> Principal:
-        """The caller, allowed to make this call; else the call is aborted."""
+        """The caller, allowed to make this call; else the call is aborted. A client
+        stream (``request`` None) is checked request by request (:meth:`_checked`)."""
         try:
             principal = self.access.identify(context)
-            if request is MALFORMED:
-                self.malformed_log.refused(method)
-                raise RequestError("the request does not parse", reason="MALFORMED_REQUEST")
-            self.access.check(principal, method, request)
+            if request is not None:
+                self._check(principal, method, request)
         except RequestError as exc:
             await context.abort_with_status(to_status(exc))
         CURRENT.set(principal)
         return principal
+
+    def _check(self, principal: Principal, method: str, request: Any) -> None:
+        if request is MALFORMED:
+            self.malformed_log.refused(method)
+            raise RequestError("the request does not parse", reason="MALFORMED_REQUEST")
+        self.access.check(principal, method, request)
+
+    async def _checked(
+        self, method: str, principal: Principal, requests: AsyncIterator[Any]
+    ) -> AsyncIterator[Any]:
+        """The requests of a client stream, each one the caller may not make as a
+        :class:`Refused`; a request that does not parse raises (ending the stream)."""
+        async for request in requests:
+            try:
+                self._check(principal, method, request)
+            except RequestError as exc:
+                if request is MALFORMED:
+                    raise
+                yield Refused(request, exc)
+            else:
+                yield request
+
+    async def _stream(
+        self,
+        kind: str,
+        method: str,
+        request: Any,
+        context: grpc.aio.ServicerContext,
+        body: Callable[[Principal], AsyncIterator[Any]],
+    ) -> AsyncIterator[Any]:
+        """A streaming call: admitted, holding one of the principal's streams, counted."""
+        started = self.metrics.start(kind, method)
+        code: grpc.StatusCode | None = None
+        try:
+            principal = await self._admit(method, request, context)
+            with contextlib.ExitStack() as slot:
+                try:
+                    slot.enter_context(self.access.stream(principal))
+                except RequestError as exc:
+                    await context.abort_with_status(to_status(exc))
+                async for response in body(principal):
+                    yield response
+        except BaseException as exc:
+            code = _code_of(exc, context)
+            raise
+        finally:
+            self.metrics.done(kind, method, code or context.code(), started)
 
     def _wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         assert handler.request_deserializer is not None
@@ -84,30 +130,32 @@ class Guard:
 
             return handler._replace(request_deserializer=deserialize, unary_unary=unary_unary)
         if handler.unary_stream is not None:
-            stream = handler.unary_stream
+            server_stream = handler.unary_stream
 
             async def unary_stream(
                 request: Any, context: grpc.aio.ServicerContext
             ) -> AsyncIterator[Any]:
-                started = metrics.start("server_stream", method)
-                code: grpc.StatusCode | None = None
-                try:
-                    principal = await self._admit(method, request, context)
-                    with contextlib.ExitStack() as slot:
-                        try:
-                            slot.enter_context(self.access.stream(principal))
-                        except RequestError as exc:
-                            await context.abort_with_status(to_status(exc))
-                        async for response in stream(request, context):
-                            yield response
-                except BaseException as exc:
-                    code = _code_of(exc, context)
-                    raise
-                finally:
-                    metrics.done("server_stream", method, code or context.code(), started)
+                def body(_: Principal) -> AsyncIterator[Any]:
+                    return server_stream(request, context)  # type: ignore[no-any-return]
+
+                async for response in self._stream("server_stream", method, request, context, body):
+                    yield response
 
             return handler._replace(request_deserializer=deserialize, unary_stream=unary_stream)
-        raise TypeError(f"{method}: only unary requests are served")
+        if handler.stream_stream is not None:
+            bidi = handler.stream_stream
+
+            async def stream_stream(
+                requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
+            ) -> AsyncIterator[Any]:
+                def body(principal: Principal) -> AsyncIterator[Any]:
+                    return bidi(self._checked(method, principal, requests), context)  # type: ignore[no-any-return]
+
+                async for response in self._stream("bidi_stream", method, None, context, body):
+                    yield response
+
+            return handler._replace(request_deserializer=deserialize, stream_stream=stream_stream)
+        raise TypeError(f"{method}: client-streaming-only methods are not served")
 
 
 class _Collector:

@@ -49,6 +49,7 @@ from .errors import (
     unary,
 )
 from .inventory_service import QueueInventory
+from .push_stream import PushStreamSession
 from .streaming import Beat, StreamCount, paced
 from .throttle import ThrottledLog
 
@@ -68,6 +69,7 @@ class QueueService(QueueInventory, pb_grpc.QueueServiceServicer):
         self.no_streams = asyncio.Event()
         self.no_streams.set()
         self.browses = StreamCount()
+        self.push_streams = StreamCount()
 
     @property
     def active_streams(self) -> int:
@@ -179,6 +181,18 @@ class QueueService(QueueInventory, pb_grpc.QueueServiceServicer):
                 failed = stop_at_failure
             else:
                 outcomes[i] = {"result": {"ids": result.ids, "duplicate": result.duplicate}}
+
+    async def PushStream(
+        self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.PushStreamResponse]:
+        session = PushStreamSession(self._push, self._draining)
+        # Headers at once: a client may wait for them before its first write, and so
+        # learn a refusal (sent before this) from its status, not from a failed write.
+        await context.send_initial_metadata(())
+        with self.push_streams.open():
+            async with rpc_errors(context, "PushStream"):
+                async for response in session.responses(requests):
+                    yield response
 
     async def Consume(
         self, request: pb.ConsumeRequest, context: grpc.aio.ServicerContext

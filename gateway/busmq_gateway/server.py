@@ -80,6 +80,7 @@ class Gateway:
         self._streams: tuple[_Streams, ...] = (
             self.queues,
             self.queues.browses,
+            self.queues.push_streams,
             self.channels.streams,
             self.requests.streams,
         )

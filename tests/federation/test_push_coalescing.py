@@ -1,6 +1,7 @@
-"""Direct pushes of a link are coalesced into PushMany calls while calls are under way:
-far fewer calls, each push with its own ids or its own error, per-task order kept, and
-the outbox taking over at a cut with nothing lost or stored twice."""
+"""Direct pushes of a link to a gateway without ``PushStream`` are coalesced into
+PushMany calls while calls are under way: far fewer calls, each push with its own ids
+or its own error, per-task order kept, and the outbox taking over at a cut with nothing
+lost or stored twice. (``test_push_stream.py`` has the pushes over a stream.)"""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 from busmq import Bus, Mode, QueueFullError, QueueNotFoundError
 from busmq.federation import FederatedQueue, FederationTarget
+from busmq.federation.push_stream import StreamedPushes, StreamUnsupported
 from busmq.federation.pushes import FULL_MESSAGES
 from busmq.v1 import queue_service_pb2 as pb
 from busmq_gateway import Gateway, GatewaySettings
@@ -21,6 +23,16 @@ from tests.federation.conftest import SECRET, CallCounter, DatacenterA, MakeB
 from tests.support.waiting import eventually
 
 QUEUES = [f"coalesced-{i}" for i in range(5)]
+
+
+@pytest.fixture(autouse=True)
+def pushes_by_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every push answered as by a gateway without ``PushStream``: by calls."""
+
+    async def unsupported(self: StreamedPushes, request: pb.PushRequest) -> pb.PushResponse:
+        raise StreamUnsupported()
+
+    monkeypatch.setattr(StreamedPushes, "push", unsupported)
 
 
 async def federated(dc_a: DatacenterA, bus: Bus, names: list[str]) -> list[FederatedQueue]:

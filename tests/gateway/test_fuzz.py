@@ -207,9 +207,17 @@ def fuzzed(
 def call(
     channel: grpc.Channel, method: descriptor.MethodDescriptor, payload: bytes
 ) -> grpc.StatusCode:
-    """Send ``payload`` as the request of ``method``; the call's status code (a stream is
-    read for a few responses, then cancelled)."""
+    """Send ``payload`` as the request of ``method``; the call's status code (a server
+    stream is read for a few responses, then cancelled)."""
     path = f"/{method.containing_service.full_name}/{method.name}"
+    if method.client_streaming:  # sent twice, then the client's side ends
+        bidi = channel.stream_stream(path)(iter((payload, payload)), metadata=AUTH, timeout=0.5)
+        try:
+            for _ in bidi:
+                pass
+        except grpc.RpcError as exc:
+            return exc.code()  # type: ignore[no-any-return, attr-defined]
+        return grpc.StatusCode.OK
     if method.server_streaming:
         stream = channel.unary_stream(path)(payload, metadata=AUTH, timeout=0.3)
         try:

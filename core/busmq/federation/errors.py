@@ -63,6 +63,12 @@ UNAUTHORIZED = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMI
 AMBIGUOUS = RETRYABLE | {grpc.StatusCode.CANCELLED}
 
 
+class AmbiguousPush(Exception):
+    """The push may or may not have been stored (its call failed ``UNAVAILABLE``,
+    ``DEADLINE_EXCEEDED`` or ``CANCELLED``, or its stream ended before its answer): send
+    it to the outbox with its ``request_id``, which the gateway stores once."""
+
+
 class OutboxFullError(BusError):
     """A push had to wait in the outbox, and the outbox is full (by message count or by
     the age of its oldest push). Nothing was stored; nothing already queued is lost.

@@ -1,4 +1,5 @@
-"""Coalescing the direct pushes of one link into ``PushMany`` calls.
+"""The direct pushes of one link: over its ``PushStream`` while the gateway has one
+(:mod:`busmq.federation.push_stream`), else coalesced into ``PushMany`` calls.
 
 A unary gRPC call costs a gateway about a millisecond of CPU whatever it carries
 (measured on a 2-core VM with a bare health ``Check``), so one gateway serves well under
@@ -42,7 +43,8 @@ import grpc
 
 from ..errors import BusError
 from ..v1 import queue_service_pb2 as pb
-from .errors import AMBIGUOUS, from_rpc_error, from_status, status_code
+from .errors import AMBIGUOUS, AmbiguousPush, from_rpc_error, from_status, status_code
+from .push_stream import StreamedPushes, StreamUnsupported
 
 if TYPE_CHECKING:
     from .link import Link
@@ -56,12 +58,6 @@ MAX_BYTES = 1024 * 1024  # a soft bound: one push alone may be larger
 FULL_MESSAGES = 100
 FULL_BYTES = 64 * 1024
 CALLS_PER_CHANNEL = 1  # full calls under way per channel of the pool, at most
-
-
-class AmbiguousPush(Exception):
-    """The push may or may not have been stored (its call failed ``UNAVAILABLE``,
-    ``DEADLINE_EXCEEDED`` or ``CANCELLED``): send it to the outbox with its
-    ``request_id``, which the gateway stores once."""
 
 
 class _Waiting:
@@ -94,6 +90,8 @@ class PushCoalescer:
         self._waiting_bytes = 0
         self._senders: set[asyncio.Task[None]] = set()
         self._closed = False
+        self.streamed = StreamedPushes(link, self._push_error, self._call_error)
+        """The link's ``PushStream``, the way pushes go while the gateway has it."""
 
     @property
     def waiting(self) -> int:
@@ -109,6 +107,11 @@ class PushCoalescer:
         """
         if self._closed:
             raise BusError(f"the link to {self._link.url} is closed")
+        if self.streamed.available:
+            try:
+                return await self.streamed.push(request)
+            except StreamUnsupported:
+                pass  # not stored: by calls from now on
         if not self.push_many:
             return await self._push_one(request)
         if not self._in_flight:  # then nothing waits either
@@ -133,12 +136,14 @@ class PushCoalescer:
 
     def retry_push_many(self) -> None:
         """The gateway may have changed (the link is ready again after a break): use
-        ``PushMany`` again if it was found missing."""
+        ``PushStream`` and ``PushMany`` again if they were found missing."""
         self.push_many = True
+        self.streamed.retry()
 
     async def close(self) -> None:
         """Cancel the pushes that wait and the calls under way (the link is closing)."""
         self._closed = True
+        await self.streamed.close()
         while self._waiting:
             self._waiting.popleft().future.cancel()
         senders = tuple(self._senders)

@@ -52,9 +52,8 @@ from ..queue import Retention
 from ..v1 import queue_service_pb2 as pb
 from .consumer import FederatedConsumer
 from .convert import duration, outgoing, seconds
-from .errors import error_reason, from_rpc_error
+from .errors import AmbiguousPush, error_reason, from_rpc_error
 from .link import Link, LinkState
-from .pushes import AmbiguousPush
 
 if TYPE_CHECKING:
     from .manager import FederationManager

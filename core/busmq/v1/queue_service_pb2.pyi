@@ -108,6 +108,30 @@ class PushOutcome(_message.Message):
     error: _status_pb2.Status
     def __init__(self, result: _Optional[_Union[PushResponse, _Mapping]] = ..., error: _Optional[_Union[_status_pb2.Status, _Mapping]] = ...) -> None: ...
 
+class PushStreamRequest(_message.Message):
+    __slots__ = ("sequence", "push")
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    PUSH_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    push: PushRequest
+    def __init__(self, sequence: _Optional[int] = ..., push: _Optional[_Union[PushRequest, _Mapping]] = ...) -> None: ...
+
+class PushStreamResponse(_message.Message):
+    __slots__ = ("outcomes",)
+    OUTCOMES_FIELD_NUMBER: _ClassVar[int]
+    outcomes: _containers.RepeatedCompositeFieldContainer[PushStreamOutcome]
+    def __init__(self, outcomes: _Optional[_Iterable[_Union[PushStreamOutcome, _Mapping]]] = ...) -> None: ...
+
+class PushStreamOutcome(_message.Message):
+    __slots__ = ("sequence", "result", "error")
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    result: PushResponse
+    error: _status_pb2.Status
+    def __init__(self, sequence: _Optional[int] = ..., result: _Optional[_Union[PushResponse, _Mapping]] = ..., error: _Optional[_Union[_status_pb2.Status, _Mapping]] = ...) -> None: ...
+
 class ConsumeRequest(_message.Message):
     __slots__ = ("queue", "mode", "from_id", "from_latest", "max", "prefetch", "visibility_timeout", "batch", "max_deliveries", "retry_policy")
     QUEUE_FIELD_NUMBER: _ClassVar[int]

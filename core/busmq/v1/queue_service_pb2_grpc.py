@@ -64,6 +64,11 @@ class QueueServiceStub:
                 request_serializer=busmq_dot_v1_dot_queue__service__pb2.PushManyRequest.SerializeToString,
                 response_deserializer=busmq_dot_v1_dot_queue__service__pb2.PushManyResponse.FromString,
                 _registered_method=True)
+        self.PushStream = channel.stream_stream(
+                '/busmq.v1.QueueService/PushStream',
+                request_serializer=busmq_dot_v1_dot_queue__service__pb2.PushStreamRequest.SerializeToString,
+                response_deserializer=busmq_dot_v1_dot_queue__service__pb2.PushStreamResponse.FromString,
+                _registered_method=True)
         self.Consume = channel.unary_stream(
                 '/busmq.v1.QueueService/Consume',
                 request_serializer=busmq_dot_v1_dot_queue__service__pb2.ConsumeRequest.SerializeToString,
@@ -166,6 +171,21 @@ class QueueServiceServicer:
         """Several independent pushes in one call, each exactly as Push would store it (its own
         request_id, ids and error): pushes to one queue one after the other in request order,
         pushes to different queues concurrently. A push that fails does not fail the others.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PushStream(self, request_iterator, context):
+        """Pushes over one long-lived stream, for producers of many small pushes: each request
+        is one push, stored exactly as Push would store it (its own request_id, ids and
+        error), and answered in a later response by its `sequence`. Pushes to one queue are
+        stored in the order sent; pushes to different queues run concurrently, so outcomes
+        may come in another order than the requests. A push that fails does not end the
+        stream. At most 1,000 pushes are under way per stream: beyond that the gateway reads
+        no further requests until some are answered. A request that does not parse ends the
+        stream INVALID_ARGUMENT (MALFORMED_REQUEST); a draining gateway answers what it read
+        and ends the stream UNAVAILABLE (DRAINING).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -286,6 +306,11 @@ def add_QueueServiceServicer_to_server(servicer, server):
                     servicer.PushMany,
                     request_deserializer=busmq_dot_v1_dot_queue__service__pb2.PushManyRequest.FromString,
                     response_serializer=busmq_dot_v1_dot_queue__service__pb2.PushManyResponse.SerializeToString,
+            ),
+            'PushStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.PushStream,
+                    request_deserializer=busmq_dot_v1_dot_queue__service__pb2.PushStreamRequest.FromString,
+                    response_serializer=busmq_dot_v1_dot_queue__service__pb2.PushStreamResponse.SerializeToString,
             ),
             'Consume': grpc.unary_stream_rpc_method_handler(
                     servicer.Consume,
@@ -488,6 +513,33 @@ class QueueService:
             '/busmq.v1.QueueService/PushMany',
             busmq_dot_v1_dot_queue__service__pb2.PushManyRequest.SerializeToString,
             busmq_dot_v1_dot_queue__service__pb2.PushManyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PushStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/busmq.v1.QueueService/PushStream',
+            busmq_dot_v1_dot_queue__service__pb2.PushStreamRequest.SerializeToString,
+            busmq_dot_v1_dot_queue__service__pb2.PushStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -29,6 +29,16 @@ type QueueServiceClient interface {
 	// request_id, ids and error): pushes to one queue one after the other in request order,
 	// pushes to different queues concurrently. A push that fails does not fail the others.
 	PushMany(ctx context.Context, in *PushManyRequest, opts ...grpc.CallOption) (*PushManyResponse, error)
+	// Pushes over one long-lived stream, for producers of many small pushes: each request
+	// is one push, stored exactly as Push would store it (its own request_id, ids and
+	// error), and answered in a later response by its `sequence`. Pushes to one queue are
+	// stored in the order sent; pushes to different queues run concurrently, so outcomes
+	// may come in another order than the requests. A push that fails does not end the
+	// stream. At most 1,000 pushes are under way per stream: beyond that the gateway reads
+	// no further requests until some are answered. A request that does not parse ends the
+	// stream INVALID_ARGUMENT (MALFORMED_REQUEST); a draining gateway answers what it read
+	// and ends the stream UNAVAILABLE (DRAINING).
+	PushStream(ctx context.Context, opts ...grpc.CallOption) (QueueService_PushStreamClient, error)
 	// Streams deliveries in the requested mode until cancelled, `max` is reached, or the
 	// queue is closed.
 	Consume(ctx context.Context, in *ConsumeRequest, opts ...grpc.CallOption) (QueueService_ConsumeClient, error)
@@ -112,8 +122,39 @@ func (c *queueServiceClient) PushMany(ctx context.Context, in *PushManyRequest, 
 	return out, nil
 }
 
+func (c *queueServiceClient) PushStream(ctx context.Context, opts ...grpc.CallOption) (QueueService_PushStreamClient, error) {
+	stream, err := c.cc.NewStream(ctx, &_QueueService_serviceDesc.Streams[0], "/busmq.v1.QueueService/PushStream", opts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &queueServicePushStreamClient{stream}
+	return x, nil
+}
+
+type QueueService_PushStreamClient interface {
+	Send(*PushStreamRequest) error
+	Recv() (*PushStreamResponse, error)
+	grpc.ClientStream
+}
+
+type queueServicePushStreamClient struct {
+	grpc.ClientStream
+}
+
+func (x *queueServicePushStreamClient) Send(m *PushStreamRequest) error {
+	return x.ClientStream.SendMsg(m)
+}
+
+func (x *queueServicePushStreamClient) Recv() (*PushStreamResponse, error) {
+	m := new(PushStreamResponse)
+	if err := x.ClientStream.RecvMsg(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
 func (c *queueServiceClient) Consume(ctx context.Context, in *ConsumeRequest, opts ...grpc.CallOption) (QueueService_ConsumeClient, error) {
-	stream, err := c.cc.NewStream(ctx, &_QueueService_serviceDesc.Streams[0], "/busmq.v1.QueueService/Consume", opts...)
+	stream, err := c.cc.NewStream(ctx, &_QueueService_serviceDesc.Streams[1], "/busmq.v1.QueueService/Consume", opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -235,7 +276,7 @@ func (c *queueServiceClient) ListQueues(ctx context.Context, in *ListQueuesReque
 }
 
 func (c *queueServiceClient) BrowseQueue(ctx context.Context, in *BrowseQueueRequest, opts ...grpc.CallOption) (QueueService_BrowseQueueClient, error) {
-	stream, err := c.cc.NewStream(ctx, &_QueueService_serviceDesc.Streams[1], "/busmq.v1.QueueService/BrowseQueue", opts...)
+	stream, err := c.cc.NewStream(ctx, &_QueueService_serviceDesc.Streams[2], "/busmq.v1.QueueService/BrowseQueue", opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -282,6 +323,16 @@ type QueueServiceServer interface {
 	// request_id, ids and error): pushes to one queue one after the other in request order,
 	// pushes to different queues concurrently. A push that fails does not fail the others.
 	PushMany(context.Context, *PushManyRequest) (*PushManyResponse, error)
+	// Pushes over one long-lived stream, for producers of many small pushes: each request
+	// is one push, stored exactly as Push would store it (its own request_id, ids and
+	// error), and answered in a later response by its `sequence`. Pushes to one queue are
+	// stored in the order sent; pushes to different queues run concurrently, so outcomes
+	// may come in another order than the requests. A push that fails does not end the
+	// stream. At most 1,000 pushes are under way per stream: beyond that the gateway reads
+	// no further requests until some are answered. A request that does not parse ends the
+	// stream INVALID_ARGUMENT (MALFORMED_REQUEST); a draining gateway answers what it read
+	// and ends the stream UNAVAILABLE (DRAINING).
+	PushStream(QueueService_PushStreamServer) error
 	// Streams deliveries in the requested mode until cancelled, `max` is reached, or the
 	// queue is closed.
 	Consume(*ConsumeRequest, QueueService_ConsumeServer) error
@@ -331,6 +382,9 @@ func (UnimplementedQueueServiceServer) Push(context.Context, *PushRequest) (*Pus
 }
 func (UnimplementedQueueServiceServer) PushMany(context.Context, *PushManyRequest) (*PushManyResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method PushMany not implemented")
+}
+func (UnimplementedQueueServiceServer) PushStream(QueueService_PushStreamServer) error {
+	return status.Errorf(codes.Unimplemented, "method PushStream not implemented")
 }
 func (UnimplementedQueueServiceServer) Consume(*ConsumeRequest, QueueService_ConsumeServer) error {
 	return status.Errorf(codes.Unimplemented, "method Consume not implemented")
@@ -469,6 +523,32 @@ func _QueueService_PushMany_Handler(srv interface{}, ctx context.Context, dec fu
 		return srv.(QueueServiceServer).PushMany(ctx, req.(*PushManyRequest))
 	}
 	return interceptor(ctx, in, info, handler)
+}
+
+func _QueueService_PushStream_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(QueueServiceServer).PushStream(&queueServicePushStreamServer{stream})
+}
+
+type QueueService_PushStreamServer interface {
+	Send(*PushStreamResponse) error
+	Recv() (*PushStreamRequest, error)
+	grpc.ServerStream
+}
+
+type queueServicePushStreamServer struct {
+	grpc.ServerStream
+}
+
+func (x *queueServicePushStreamServer) Send(m *PushStreamResponse) error {
+	return x.ServerStream.SendMsg(m)
+}
+
+func (x *queueServicePushStreamServer) Recv() (*PushStreamRequest, error) {
+	m := new(PushStreamRequest)
+	if err := x.ServerStream.RecvMsg(m); err != nil {
+		return nil, err
+	}
+	return m, nil
 }
 
 func _QueueService_Consume_Handler(srv interface{}, stream grpc.ServerStream) error {
@@ -759,6 +839,12 @@ var _QueueService_serviceDesc = grpc.ServiceDesc{
 		},
 	},
 	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "PushStream",
+			Handler:       _QueueService_PushStream_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
 		{
 			StreamName:    "Consume",
 			Handler:       _QueueService_Consume_Handler,

@@ -16,7 +16,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file busmq/v1/queue_service.proto.
  */
 export const file_busmq_v1_queue_service: GenFile = /*@__PURE__*/
-  fileDesc("ChxidXNtcS92MS9xdWV1ZV9zZXJ2aWNlLnByb3RvEghidXNtcS52MSK8AQoSQXR0YWNoUXVldWVSZXF1ZXN0Eg0KBXF1ZXVlGAEgASgJEiYKA3R0bBgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhISCgptYXhfbGVuZ3RoGAMgASgEEioKB21heF9hZ2UYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SEwoLbWF4X2JhY2tsb2cYBSABKAQSGgoScmVtb3ZlX21heF9iYWNrbG9nGAYgASgIInAKE0F0dGFjaFF1ZXVlUmVzcG9uc2USFQoNYXR0YWNobWVudF9pZBgBIAEoCRIPCgdjcmVhdGVkGAIgASgIEjEKDmxlYXNlX2R1cmF0aW9uGAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIi8KFlJlbmV3QXR0YWNobWVudFJlcXVlc3QSFQoNYXR0YWNobWVudF9pZBgBIAEoCSIZChdSZW5ld0F0dGFjaG1lbnRSZXNwb25zZSIrChJEZXRhY2hRdWV1ZVJlcXVlc3QSFQoNYXR0YWNobWVudF9pZBgBIAEoCSIVChNEZXRhY2hRdWV1ZVJlc3BvbnNlIqMCCgtQdXNoUmVxdWVzdBINCgVxdWV1ZRgBIAEoCRIrCghtZXNzYWdlcxgCIAMoCzIZLmJ1c21xLnYxLk91dGdvaW5nTWVzc2FnZRISCgpyZXF1ZXN0X2lkGAMgASgJEhIKCmR1cmFiaWxpdHkYBCABKAkSKAoFZGVsYXkYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SLgoKZGVsaXZlcl9hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASJgoDdHRsGAcgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEi4KCmV4cGlyZXNfYXQYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIi4KDFB1c2hSZXNwb25zZRILCgNpZHMYASADKAQSEQoJZHVwbGljYXRlGAIgASgIIlcKD1B1c2hNYW55UmVxdWVzdBIlCgZwdXNoZXMYASADKAsyFS5idXNtcS52MS5QdXNoUmVxdWVzdBIdChVzdG9wX3F1ZXVlX2F0X2ZhaWx1cmUYAiABKAgiOwoQUHVzaE1hbnlSZXNwb25zZRInCghvdXRjb21lcxgBIAMoCzIVLmJ1c21xLnYxLlB1c2hPdXRjb21lImcKC1B1c2hPdXRjb21lEigKBnJlc3VsdBgBIAEoCzIWLmJ1c21xLnYxLlB1c2hSZXNwb25zZUgAEiMKBWVycm9yGAIgASgLMhIuZ29vZ2xlLnJwYy5TdGF0dXNIAEIJCgdvdXRjb21lIpQCCg5Db25zdW1lUmVxdWVzdBINCgVxdWV1ZRgBIAEoCRIjCgRtb2RlGAIgASgOMhUuYnVzbXEudjEuQ29uc3VtZU1vZGUSDwoHZnJvbV9pZBgDIAEoBBITCgtmcm9tX2xhdGVzdBgEIAEoCBILCgNtYXgYBSABKAQSEAoIcHJlZmV0Y2gYBiABKA0SNQoSdmlzaWJpbGl0eV90aW1lb3V0GAcgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg0KBWJhdGNoGAggASgIEhYKDm1heF9kZWxpdmVyaWVzGAkgASgNEisKDHJldHJ5X3BvbGljeRgKIAEoCzIVLmJ1c21xLnYxLlJldHJ5UG9saWN5IocBCgtSZXRyeVBvbGljeRIqCgdpbml0aWFsGAEgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg4KBmZhY3RvchgCIAEoARIsCgltYXhfZGVsYXkYAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SDgoGaml0dGVyGAQgASgBIk8KCVJhdGVMaW1pdBINCgVsaW1pdBgBIAEoDRImCgNwZXIYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SCwoDa2V5GAMgASgJIuoBCg9Db25zdW1lUmVzcG9uc2USKwoHc3RhcnRlZBgBIAEoCzIYLmJ1c21xLnYxLkNvbnN1bWVTdGFydGVkSAASJgoIZGVsaXZlcnkYAiABKAsyEi5idXNtcS52MS5EZWxpdmVyeUgAEigKCWhlYXJ0YmVhdBgDIAEoCzITLmJ1c21xLnYxLkhlYXJ0YmVhdEgAEiUKBXN0YXRlGAQgASgLMhQuYnVzbXEudjEuU3RhdGVFdmVudEgAEigKBWJhdGNoGAUgASgLMhcuYnVzbXEudjEuRGVsaXZlcnlCYXRjaEgAQgcKBWV2ZW50IjcKDURlbGl2ZXJ5QmF0Y2gSJgoKZGVsaXZlcmllcxgBIAMoCzISLmJ1c21xLnYxLkRlbGl2ZXJ5IiUKDkNvbnN1bWVTdGFydGVkEhMKC2NvbnN1bWVyX2lkGAEgASgJIk8KCkFja1JlcXVlc3QSDQoFcXVldWUYASABKAkSCwoDaWRzGAIgAygEEhAKCHVwX3RvX2lkGAMgASgEEhMKC2NvbnN1bWVyX2lkGAQgASgJIjEKC0Fja1Jlc3BvbnNlEg0KBWFja2VkGAEgASgEEhMKC3Vua25vd25faWRzGAIgAygEIncKC05hY2tSZXF1ZXN0Eg0KBXF1ZXVlGAEgASgJEhMKC2NvbnN1bWVyX2lkGAIgASgJEgsKA2lkcxgDIAMoBBIoCgVkZWxheRgEIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhINCgVlcnJvchgFIAEoCSIjCgxOYWNrUmVzcG9uc2USEwoLdW5rbm93bl9pZHMYASADKAQiUAoNUmVqZWN0UmVxdWVzdBINCgVxdWV1ZRgBIAEoCRITCgtjb25zdW1lcl9pZBgCIAEoCRILCgNpZHMYAyADKAQSDgoGcmVhc29uGAQgASgJIiUKDlJlamVjdFJlc3BvbnNlEhMKC3Vua25vd25faWRzGAEgAygEIj8KElJlcXVldWVEZWFkUmVxdWVzdBINCgVxdWV1ZRgBIAEoCRILCgNpZHMYAiADKAQSDQoFbGltaXQYAyABKAQiIgoTUmVxdWV1ZURlYWRSZXNwb25zZRILCgNpZHMYASADKAQi7AEKGlVwZGF0ZVF1ZXVlQ29udHJvbHNSZXF1ZXN0Eg0KBXF1ZXVlGAEgASgJEhMKBnBhdXNlZBgCIAEoCEgAiAEBEicKCnJhdGVfbGltaXQYAyABKAsyEy5idXNtcS52MS5SYXRlTGltaXQSGgoScmVtb3ZlX3JhdGVfbGltaXRzGAQgASgIEhsKDm1heF9kZWxpdmVyaWVzGAUgASgNSAGIAQESGQoMZHJvcF9leHBpcmVkGAYgASgISAKIAQFCCQoHX3BhdXNlZEIRCg9fbWF4X2RlbGl2ZXJpZXNCDwoNX2Ryb3BfZXhwaXJlZCIdChtVcGRhdGVRdWV1ZUNvbnRyb2xzUmVzcG9uc2UiIAoPR2V0UXVldWVSZXF1ZXN0Eg0KBXF1ZXVlGAEgASgJIrADChBHZXRRdWV1ZVJlc3BvbnNlEg0KBXF1ZXVlGAEgASgJEg0KBWNvdW50GAIgASgEEiYKA3R0bBgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIPCgdsYXN0X2lkGAQgASgEEjoKCG1ldGFkYXRhGAUgAygLMiguYnVzbXEudjEuR2V0UXVldWVSZXNwb25zZS5NZXRhZGF0YUVudHJ5Eg8KB3BlbmRpbmcYBiABKAQSDwoHZGVsYXllZBgHIAEoBBIUCgxkZWFkX2xldHRlcnMYCCABKAQSDgoGcGF1c2VkGAkgASgIEicKCnJhdGVfbGltaXQYCiABKAsyEy5idXNtcS52MS5SYXRlTGltaXQSKwoOa2V5X3JhdGVfbGltaXQYCyABKAsyEy5idXNtcS52MS5SYXRlTGltaXQSFgoObWF4X2RlbGl2ZXJpZXMYDCABKA0SFAoMZHJvcF9leHBpcmVkGA0gASgIEgwKBG1vZGUYDiABKAkaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIqIBChpVcGRhdGVRdWV1ZU1ldGFkYXRhUmVxdWVzdBINCgVxdWV1ZRgBIAEoCRJECghtZXRhZGF0YRgCIAMoCzIyLmJ1c21xLnYxLlVwZGF0ZVF1ZXVlTWV0YWRhdGFSZXF1ZXN0Lk1ldGFkYXRhRW50cnkaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIh0KG1VwZGF0ZVF1ZXVlTWV0YWRhdGFSZXNwb25zZSIiChFGbHVzaFF1ZXVlUmVxdWVzdBINCgVxdWV1ZRgBIAEoCSIUChJGbHVzaFF1ZXVlUmVzcG9uc2UiIgoRQ2xvc2VRdWV1ZVJlcXVlc3QSDQoFcXVldWUYASABKAkiFAoSQ2xvc2VRdWV1ZVJlc3BvbnNlIkoKEUxpc3RRdWV1ZXNSZXF1ZXN0Eg4KBnByZWZpeBgBIAEoCRIRCglwYWdlX3NpemUYAiABKA0SEgoKcGFnZV90b2tlbhgDIAEoCSJkChJMaXN0UXVldWVzUmVzcG9uc2USJgoGcXVldWVzGAEgAygLMhYuYnVzbXEudjEuUXVldWVTdW1tYXJ5EhcKD25leHRfcGFnZV90b2tlbhgCIAEoCRINCgV0b3RhbBgDIAEoBCKdAwoMUXVldWVTdW1tYXJ5Eg0KBXF1ZXVlGAEgASgJEg0KBXNoYXJkGAIgASgJEg0KBWNvdW50GAMgASgEEg0KBXJlYWR5GAQgASgEEg8KB3BlbmRpbmcYBSABKAQSMQoOb2xkZXN0X3BlbmRpbmcYBiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SEQoJY29uc3VtZXJzGAcgASgNEhMKC2F0dGFjaG1lbnRzGAggASgNEg8KB2RlbGF5ZWQYCSABKAQSFAoMZGVhZF9sZXR0ZXJzGAogASgEEg8KB2xhc3RfaWQYCyABKAQSEQoJZGVsaXZlcmVkGAwgASgEEgwKBG1vZGUYDSABKAkSDgoGcGF1c2VkGA4gASgIEiYKA3R0bBgPIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhInCgpyYXRlX2xpbWl0GBAgASgLMhMuYnVzbXEudjEuUmF0ZUxpbWl0EisKDmtleV9yYXRlX2xpbWl0GBEgASgLMhMuYnVzbXEudjEuUmF0ZUxpbWl0IlMKEkJyb3dzZVF1ZXVlUmVxdWVzdBINCgVxdWV1ZRgBIAEoCRIPCgdmcm9tX2lkGAIgASgEEg0KBXRvX2lkGAMgASgEEg4KBmZvbGxvdxgEIAEoCCKbAQoTQnJvd3NlUXVldWVSZXNwb25zZRIqCghtZXNzYWdlcxgBIAEoCzIWLmJ1c21xLnYxLk1lc3NhZ2VCYXRjaEgAEigKCWhlYXJ0YmVhdBgCIAEoCzITLmJ1c21xLnYxLkhlYXJ0YmVhdEgAEiUKBXN0YXRlGAMgASgLMhQuYnVzbXEudjEuU3RhdGVFdmVudEgAQgcKBWV2ZW50IjMKDE1lc3NhZ2VCYXRjaBIjCghtZXNzYWdlcxgBIAMoCzIRLmJ1c21xLnYxLk1lc3NhZ2Uy4gkKDFF1ZXVlU2VydmljZRJKCgtBdHRhY2hRdWV1ZRIcLmJ1c21xLnYxLkF0dGFjaFF1ZXVlUmVxdWVzdBodLmJ1c21xLnYxLkF0dGFjaFF1ZXVlUmVzcG9uc2USVgoPUmVuZXdBdHRhY2htZW50EiAuYnVzbXEudjEuUmVuZXdBdHRhY2htZW50UmVxdWVzdBohLmJ1c21xLnYxLlJlbmV3QXR0YWNobWVudFJlc3BvbnNlEkoKC0RldGFjaFF1ZXVlEhwuYnVzbXEudjEuRGV0YWNoUXVldWVSZXF1ZXN0Gh0uYnVzbXEudjEuRGV0YWNoUXVldWVSZXNwb25zZRI1CgRQdXNoEhUuYnVzbXEudjEuUHVzaFJlcXVlc3QaFi5idXNtcS52MS5QdXNoUmVzcG9uc2USQQoIUHVzaE1hbnkSGS5idXNtcS52MS5QdXNoTWFueVJlcXVlc3QaGi5idXNtcS52MS5QdXNoTWFueVJlc3BvbnNlEkAKB0NvbnN1bWUSGC5idXNtcS52MS5Db25zdW1lUmVxdWVzdBoZLmJ1c21xLnYxLkNvbnN1bWVSZXNwb25zZTABEjIKA0FjaxIULmJ1c21xLnYxLkFja1JlcXVlc3QaFS5idXNtcS52MS5BY2tSZXNwb25zZRI1CgROYWNrEhUuYnVzbXEudjEuTmFja1JlcXVlc3QaFi5idXNtcS52MS5OYWNrUmVzcG9uc2USOwoGUmVqZWN0EhcuYnVzbXEudjEuUmVqZWN0UmVxdWVzdBoYLmJ1c21xLnYxLlJlamVjdFJlc3BvbnNlEkoKC1JlcXVldWVEZWFkEhwuYnVzbXEudjEuUmVxdWV1ZURlYWRSZXF1ZXN0Gh0uYnVzbXEudjEuUmVxdWV1ZURlYWRSZXNwb25zZRJiChNVcGRhdGVRdWV1ZUNvbnRyb2xzEiQuYnVzbXEudjEuVXBkYXRlUXVldWVDb250cm9sc1JlcXVlc3QaJS5idXNtcS52MS5VcGRhdGVRdWV1ZUNvbnRyb2xzUmVzcG9uc2USQQoIR2V0UXVldWUSGS5idXNtcS52MS5HZXRRdWV1ZVJlcXVlc3QaGi5idXNtcS52MS5HZXRRdWV1ZVJlc3BvbnNlEmIKE1VwZGF0ZVF1ZXVlTWV0YWRhdGESJC5idXNtcS52MS5VcGRhdGVRdWV1ZU1ldGFkYXRhUmVxdWVzdBolLmJ1c21xLnYxLlVwZGF0ZVF1ZXVlTWV0YWRhdGFSZXNwb25zZRJHCgpGbHVzaFF1ZXVlEhsuYnVzbXEudjEuRmx1c2hRdWV1ZVJlcXVlc3QaHC5idXNtcS52MS5GbHVzaFF1ZXVlUmVzcG9uc2USRwoKQ2xvc2VRdWV1ZRIbLmJ1c21xLnYxLkNsb3NlUXVldWVSZXF1ZXN0GhwuYnVzbXEudjEuQ2xvc2VRdWV1ZVJlc3BvbnNlEkcKCkxpc3RRdWV1ZXMSGy5idXNtcS52MS5MaXN0UXVldWVzUmVxdWVzdBocLmJ1c21xLnYxLkxpc3RRdWV1ZXNSZXNwb25zZRJMCgtCcm93c2VRdWV1ZRIcLmJ1c21xLnYxLkJyb3dzZVF1ZXVlUmVxdWVzdBodLmJ1c21xLnYxLkJyb3dzZVF1ZXVlUmVzcG9uc2UwAWIGcHJvdG8z", [file_busmq_v1_types, file_google_protobuf_duration, file_google_protobuf_timestamp, file_google_rpc_status]);
+  fileDesc("ChxidXNtcS92MS9xdWV1ZV9zZXJ2aWNlLnByb3RvEghidXNtcS52MSK8AQoSQXR0YWNoUXVldWVSZXF1ZXN0Eg0KBXF1ZXVlGAEgASgJEiYKA3R0bBgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhISCgptYXhfbGVuZ3RoGAMgASgEEioKB21heF9hZ2UYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SEwoLbWF4X2JhY2tsb2cYBSABKAQSGgoScmVtb3ZlX21heF9iYWNrbG9nGAYgASgIInAKE0F0dGFjaFF1ZXVlUmVzcG9uc2USFQoNYXR0YWNobWVudF9pZBgBIAEoCRIPCgdjcmVhdGVkGAIgASgIEjEKDmxlYXNlX2R1cmF0aW9uGAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIi8KFlJlbmV3QXR0YWNobWVudFJlcXVlc3QSFQoNYXR0YWNobWVudF9pZBgBIAEoCSIZChdSZW5ld0F0dGFjaG1lbnRSZXNwb25zZSIrChJEZXRhY2hRdWV1ZVJlcXVlc3QSFQoNYXR0YWNobWVudF9pZBgBIAEoCSIVChNEZXRhY2hRdWV1ZVJlc3BvbnNlIqMCCgtQdXNoUmVxdWVzdBINCgVxdWV1ZRgBIAEoCRIrCghtZXNzYWdlcxgCIAMoCzIZLmJ1c21xLnYxLk91dGdvaW5nTWVzc2FnZRISCgpyZXF1ZXN0X2lkGAMgASgJEhIKCmR1cmFiaWxpdHkYBCABKAkSKAoFZGVsYXkYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SLgoKZGVsaXZlcl9hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASJgoDdHRsGAcgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEi4KCmV4cGlyZXNfYXQYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIi4KDFB1c2hSZXNwb25zZRILCgNpZHMYASADKAQSEQoJZHVwbGljYXRlGAIgASgIIlcKD1B1c2hNYW55UmVxdWVzdBIlCgZwdXNoZXMYASADKAsyFS5idXNtcS52MS5QdXNoUmVxdWVzdBIdChVzdG9wX3F1ZXVlX2F0X2ZhaWx1cmUYAiABKAgiOwoQUHVzaE1hbnlSZXNwb25zZRInCghvdXRjb21lcxgBIAMoCzIVLmJ1c21xLnYxLlB1c2hPdXRjb21lImcKC1B1c2hPdXRjb21lEigKBnJlc3VsdBgBIAEoCzIWLmJ1c21xLnYxLlB1c2hSZXNwb25zZUgAEiMKBWVycm9yGAIgASgLMhIuZ29vZ2xlLnJwYy5TdGF0dXNIAEIJCgdvdXRjb21lIkoKEVB1c2hTdHJlYW1SZXF1ZXN0EhAKCHNlcXVlbmNlGAEgASgEEiMKBHB1c2gYAiABKAsyFS5idXNtcS52MS5QdXNoUmVxdWVzdCJDChJQdXNoU3RyZWFtUmVzcG9uc2USLQoIb3V0Y29tZXMYASADKAsyGy5idXNtcS52MS5QdXNoU3RyZWFtT3V0Y29tZSJ/ChFQdXNoU3RyZWFtT3V0Y29tZRIQCghzZXF1ZW5jZRgBIAEoBBIoCgZyZXN1bHQYAiABKAsyFi5idXNtcS52MS5QdXNoUmVzcG9uc2VIABIjCgVlcnJvchgDIAEoCzISLmdvb2dsZS5ycGMuU3RhdHVzSABCCQoHb3V0Y29tZSKUAgoOQ29uc3VtZVJlcXVlc3QSDQoFcXVldWUYASABKAkSIwoEbW9kZRgCIAEoDjIVLmJ1c21xLnYxLkNvbnN1bWVNb2RlEg8KB2Zyb21faWQYAyABKAQSEwoLZnJvbV9sYXRlc3QYBCABKAgSCwoDbWF4GAUgASgEEhAKCHByZWZldGNoGAYgASgNEjUKEnZpc2liaWxpdHlfdGltZW91dBgHIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhINCgViYXRjaBgIIAEoCBIWCg5tYXhfZGVsaXZlcmllcxgJIAEoDRIrCgxyZXRyeV9wb2xpY3kYCiABKAsyFS5idXNtcS52MS5SZXRyeVBvbGljeSKHAQoLUmV0cnlQb2xpY3kSKgoHaW5pdGlhbBgBIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIOCgZmYWN0b3IYAiABKAESLAoJbWF4X2RlbGF5GAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg4KBmppdHRlchgEIAEoASJPCglSYXRlTGltaXQSDQoFbGltaXQYASABKA0SJgoDcGVyGAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEgsKA2tleRgDIAEoCSLqAQoPQ29uc3VtZVJlc3BvbnNlEisKB3N0YXJ0ZWQYASABKAsyGC5idXNtcS52MS5Db25zdW1lU3RhcnRlZEgAEiYKCGRlbGl2ZXJ5GAIgASgLMhIuYnVzbXEudjEuRGVsaXZlcnlIABIoCgloZWFydGJlYXQYAyABKAsyEy5idXNtcS52MS5IZWFydGJlYXRIABIlCgVzdGF0ZRgEIAEoCzIULmJ1c21xLnYxLlN0YXRlRXZlbnRIABIoCgViYXRjaBgFIAEoCzIXLmJ1c21xLnYxLkRlbGl2ZXJ5QmF0Y2hIAEIHCgVldmVudCI3Cg1EZWxpdmVyeUJhdGNoEiYKCmRlbGl2ZXJpZXMYASADKAsyEi5idXNtcS52MS5EZWxpdmVyeSIlCg5Db25zdW1lU3RhcnRlZBITCgtjb25zdW1lcl9pZBgBIAEoCSJPCgpBY2tSZXF1ZXN0Eg0KBXF1ZXVlGAEgASgJEgsKA2lkcxgCIAMoBBIQCgh1cF90b19pZBgDIAEoBBITCgtjb25zdW1lcl9pZBgEIAEoCSIxCgtBY2tSZXNwb25zZRINCgVhY2tlZBgBIAEoBBITCgt1bmtub3duX2lkcxgCIAMoBCJ3CgtOYWNrUmVxdWVzdBINCgVxdWV1ZRgBIAEoCRITCgtjb25zdW1lcl9pZBgCIAEoCRILCgNpZHMYAyADKAQSKAoFZGVsYXkYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SDQoFZXJyb3IYBSABKAkiIwoMTmFja1Jlc3BvbnNlEhMKC3Vua25vd25faWRzGAEgAygEIlAKDVJlamVjdFJlcXVlc3QSDQoFcXVldWUYASABKAkSEwoLY29uc3VtZXJfaWQYAiABKAkSCwoDaWRzGAMgAygEEg4KBnJlYXNvbhgEIAEoCSIlCg5SZWplY3RSZXNwb25zZRITCgt1bmtub3duX2lkcxgBIAMoBCI/ChJSZXF1ZXVlRGVhZFJlcXVlc3QSDQoFcXVldWUYASABKAkSCwoDaWRzGAIgAygEEg0KBWxpbWl0GAMgASgEIiIKE1JlcXVldWVEZWFkUmVzcG9uc2USCwoDaWRzGAEgAygEIuwBChpVcGRhdGVRdWV1ZUNvbnRyb2xzUmVxdWVzdBINCgVxdWV1ZRgBIAEoCRITCgZwYXVzZWQYAiABKAhIAIgBARInCgpyYXRlX2xpbWl0GAMgASgLMhMuYnVzbXEudjEuUmF0ZUxpbWl0EhoKEnJlbW92ZV9yYXRlX2xpbWl0cxgEIAEoCBIbCg5tYXhfZGVsaXZlcmllcxgFIAEoDUgBiAEBEhkKDGRyb3BfZXhwaXJlZBgGIAEoCEgCiAEBQgkKB19wYXVzZWRCEQoPX21heF9kZWxpdmVyaWVzQg8KDV9kcm9wX2V4cGlyZWQiHQobVXBkYXRlUXVldWVDb250cm9sc1Jlc3BvbnNlIiAKD0dldFF1ZXVlUmVxdWVzdBINCgVxdWV1ZRgBIAEoCSKwAwoQR2V0UXVldWVSZXNwb25zZRINCgVxdWV1ZRgBIAEoCRINCgVjb3VudBgCIAEoBBImCgN0dGwYAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SDwoHbGFzdF9pZBgEIAEoBBI6CghtZXRhZGF0YRgFIAMoCzIoLmJ1c21xLnYxLkdldFF1ZXVlUmVzcG9uc2UuTWV0YWRhdGFFbnRyeRIPCgdwZW5kaW5nGAYgASgEEg8KB2RlbGF5ZWQYByABKAQSFAoMZGVhZF9sZXR0ZXJzGAggASgEEg4KBnBhdXNlZBgJIAEoCBInCgpyYXRlX2xpbWl0GAogASgLMhMuYnVzbXEudjEuUmF0ZUxpbWl0EisKDmtleV9yYXRlX2xpbWl0GAsgASgLMhMuYnVzbXEudjEuUmF0ZUxpbWl0EhYKDm1heF9kZWxpdmVyaWVzGAwgASgNEhQKDGRyb3BfZXhwaXJlZBgNIAEoCBIMCgRtb2RlGA4gASgJGi8KDU1ldGFkYXRhRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASKiAQoaVXBkYXRlUXVldWVNZXRhZGF0YVJlcXVlc3QSDQoFcXVldWUYASABKAkSRAoIbWV0YWRhdGEYAiADKAsyMi5idXNtcS52MS5VcGRhdGVRdWV1ZU1ldGFkYXRhUmVxdWVzdC5NZXRhZGF0YUVudHJ5Gi8KDU1ldGFkYXRhRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASIdChtVcGRhdGVRdWV1ZU1ldGFkYXRhUmVzcG9uc2UiIgoRRmx1c2hRdWV1ZVJlcXVlc3QSDQoFcXVldWUYASABKAkiFAoSRmx1c2hRdWV1ZVJlc3BvbnNlIiIKEUNsb3NlUXVldWVSZXF1ZXN0Eg0KBXF1ZXVlGAEgASgJIhQKEkNsb3NlUXVldWVSZXNwb25zZSJKChFMaXN0UXVldWVzUmVxdWVzdBIOCgZwcmVmaXgYASABKAkSEQoJcGFnZV9zaXplGAIgASgNEhIKCnBhZ2VfdG9rZW4YAyABKAkiZAoSTGlzdFF1ZXVlc1Jlc3BvbnNlEiYKBnF1ZXVlcxgBIAMoCzIWLmJ1c21xLnYxLlF1ZXVlU3VtbWFyeRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkSDQoFdG90YWwYAyABKAQinQMKDFF1ZXVlU3VtbWFyeRINCgVxdWV1ZRgBIAEoCRINCgVzaGFyZBgCIAEoCRINCgVjb3VudBgDIAEoBBINCgVyZWFkeRgEIAEoBBIPCgdwZW5kaW5nGAUgASgEEjEKDm9sZGVzdF9wZW5kaW5nGAYgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhEKCWNvbnN1bWVycxgHIAEoDRITCgthdHRhY2htZW50cxgIIAEoDRIPCgdkZWxheWVkGAkgASgEEhQKDGRlYWRfbGV0dGVycxgKIAEoBBIPCgdsYXN0X2lkGAsgASgEEhEKCWRlbGl2ZXJlZBgMIAEoBBIMCgRtb2RlGA0gASgJEg4KBnBhdXNlZBgOIAEoCBImCgN0dGwYDyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SJwoKcmF0ZV9saW1pdBgQIAEoCzITLmJ1c21xLnYxLlJhdGVMaW1pdBIrCg5rZXlfcmF0ZV9saW1pdBgRIAEoCzITLmJ1c21xLnYxLlJhdGVMaW1pdCJTChJCcm93c2VRdWV1ZVJlcXVlc3QSDQoFcXVldWUYASABKAkSDwoHZnJvbV9pZBgCIAEoBBINCgV0b19pZBgDIAEoBBIOCgZmb2xsb3cYBCABKAgimwEKE0Jyb3dzZVF1ZXVlUmVzcG9uc2USKgoIbWVzc2FnZXMYASABKAsyFi5idXNtcS52MS5NZXNzYWdlQmF0Y2hIABIoCgloZWFydGJlYXQYAiABKAsyEy5idXNtcS52MS5IZWFydGJlYXRIABIlCgVzdGF0ZRgDIAEoCzIULmJ1c21xLnYxLlN0YXRlRXZlbnRIAEIHCgVldmVudCIzCgxNZXNzYWdlQmF0Y2gSIwoIbWVzc2FnZXMYASADKAsyES5idXNtcS52MS5NZXNzYWdlMq8KCgxRdWV1ZVNlcnZpY2USSgoLQXR0YWNoUXVldWUSHC5idXNtcS52MS5BdHRhY2hRdWV1ZVJlcXVlc3QaHS5idXNtcS52MS5BdHRhY2hRdWV1ZVJlc3BvbnNlElYKD1JlbmV3QXR0YWNobWVudBIgLmJ1c21xLnYxLlJlbmV3QXR0YWNobWVudFJlcXVlc3QaIS5idXNtcS52MS5SZW5ld0F0dGFjaG1lbnRSZXNwb25zZRJKCgtEZXRhY2hRdWV1ZRIcLmJ1c21xLnYxLkRldGFjaFF1ZXVlUmVxdWVzdBodLmJ1c21xLnYxLkRldGFjaFF1ZXVlUmVzcG9uc2USNQoEUHVzaBIVLmJ1c21xLnYxLlB1c2hSZXF1ZXN0GhYuYnVzbXEudjEuUHVzaFJlc3BvbnNlEkEKCFB1c2hNYW55EhkuYnVzbXEudjEuUHVzaE1hbnlSZXF1ZXN0GhouYnVzbXEudjEuUHVzaE1hbnlSZXNwb25zZRJLCgpQdXNoU3RyZWFtEhsuYnVzbXEudjEuUHVzaFN0cmVhbVJlcXVlc3QaHC5idXNtcS52MS5QdXNoU3RyZWFtUmVzcG9uc2UoATABEkAKB0NvbnN1bWUSGC5idXNtcS52MS5Db25zdW1lUmVxdWVzdBoZLmJ1c21xLnYxLkNvbnN1bWVSZXNwb25zZTABEjIKA0FjaxIULmJ1c21xLnYxLkFja1JlcXVlc3QaFS5idXNtcS52MS5BY2tSZXNwb25zZRI1CgROYWNrEhUuYnVzbXEudjEuTmFja1JlcXVlc3QaFi5idXNtcS52MS5OYWNrUmVzcG9uc2USOwoGUmVqZWN0EhcuYnVzbXEudjEuUmVqZWN0UmVxdWVzdBoYLmJ1c21xLnYxLlJlamVjdFJlc3BvbnNlEkoKC1JlcXVldWVEZWFkEhwuYnVzbXEudjEuUmVxdWV1ZURlYWRSZXF1ZXN0Gh0uYnVzbXEudjEuUmVxdWV1ZURlYWRSZXNwb25zZRJiChNVcGRhdGVRdWV1ZUNvbnRyb2xzEiQuYnVzbXEudjEuVXBkYXRlUXVldWVDb250cm9sc1JlcXVlc3QaJS5idXNtcS52MS5VcGRhdGVRdWV1ZUNvbnRyb2xzUmVzcG9uc2USQQoIR2V0UXVldWUSGS5idXNtcS52MS5HZXRRdWV1ZVJlcXVlc3QaGi5idXNtcS52MS5HZXRRdWV1ZVJlc3BvbnNlEmIKE1VwZGF0ZVF1ZXVlTWV0YWRhdGESJC5idXNtcS52MS5VcGRhdGVRdWV1ZU1ldGFkYXRhUmVxdWVzdBolLmJ1c21xLnYxLlVwZGF0ZVF1ZXVlTWV0YWRhdGFSZXNwb25zZRJHCgpGbHVzaFF1ZXVlEhsuYnVzbXEudjEuRmx1c2hRdWV1ZVJlcXVlc3QaHC5idXNtcS52MS5GbHVzaFF1ZXVlUmVzcG9uc2USRwoKQ2xvc2VRdWV1ZRIbLmJ1c21xLnYxLkNsb3NlUXVldWVSZXF1ZXN0GhwuYnVzbXEudjEuQ2xvc2VRdWV1ZVJlc3BvbnNlEkcKCkxpc3RRdWV1ZXMSGy5idXNtcS52MS5MaXN0UXVldWVzUmVxdWVzdBocLmJ1c21xLnYxLkxpc3RRdWV1ZXNSZXNwb25zZRJMCgtCcm93c2VRdWV1ZRIcLmJ1c21xLnYxLkJyb3dzZVF1ZXVlUmVxdWVzdBodLmJ1c21xLnYxLkJyb3dzZVF1ZXVlUmVzcG9uc2UwAWIGcHJvdG8z", [file_busmq_v1_types, file_google_protobuf_duration, file_google_protobuf_timestamp, file_google_rpc_status]);
 
 /**
  * @generated from message busmq.v1.AttachQueueRequest
@@ -344,6 +344,92 @@ export const PushOutcomeSchema: GenMessage<PushOutcome> = /*@__PURE__*/
   messageDesc(file_busmq_v1_queue_service, 10);
 
 /**
+ * @generated from message busmq.v1.PushStreamRequest
+ */
+export type PushStreamRequest = Message<"busmq.v1.PushStreamRequest"> & {
+  /**
+   * Chosen by the client (a counter, say) and echoed with the push's outcome.
+   *
+   * @generated from field: uint64 sequence = 1;
+   */
+  sequence: bigint;
+
+  /**
+   * @generated from field: busmq.v1.PushRequest push = 2;
+   */
+  push?: PushRequest;
+};
+
+/**
+ * Describes the message busmq.v1.PushStreamRequest.
+ * Use `create(PushStreamRequestSchema)` to create a new message.
+ */
+export const PushStreamRequestSchema: GenMessage<PushStreamRequest> = /*@__PURE__*/
+  messageDesc(file_busmq_v1_queue_service, 11);
+
+/**
+ * @generated from message busmq.v1.PushStreamResponse
+ */
+export type PushStreamResponse = Message<"busmq.v1.PushStreamResponse"> & {
+  /**
+   * The pushes answered since the previous response: one or more.
+   *
+   * @generated from field: repeated busmq.v1.PushStreamOutcome outcomes = 1;
+   */
+  outcomes: PushStreamOutcome[];
+};
+
+/**
+ * Describes the message busmq.v1.PushStreamResponse.
+ * Use `create(PushStreamResponseSchema)` to create a new message.
+ */
+export const PushStreamResponseSchema: GenMessage<PushStreamResponse> = /*@__PURE__*/
+  messageDesc(file_busmq_v1_queue_service, 12);
+
+/**
+ * What became of one push of a PushStream.
+ *
+ * @generated from message busmq.v1.PushStreamOutcome
+ */
+export type PushStreamOutcome = Message<"busmq.v1.PushStreamOutcome"> & {
+  /**
+   * The sequence of the request this answers.
+   *
+   * @generated from field: uint64 sequence = 1;
+   */
+  sequence: bigint;
+
+  /**
+   * @generated from oneof busmq.v1.PushStreamOutcome.outcome
+   */
+  outcome: {
+    /**
+     * Stored, or recognised as a duplicate by its request_id: what Push would return.
+     *
+     * @generated from field: busmq.v1.PushResponse result = 2;
+     */
+    value: PushResponse;
+    case: "result";
+  } | {
+    /**
+     * Refused or failed: the status Push would have ended with (same code, message and
+     * google.rpc.ErrorInfo in `details`).
+     *
+     * @generated from field: google.rpc.Status error = 3;
+     */
+    value: Status;
+    case: "error";
+  } | { case: undefined; value?: undefined };
+};
+
+/**
+ * Describes the message busmq.v1.PushStreamOutcome.
+ * Use `create(PushStreamOutcomeSchema)` to create a new message.
+ */
+export const PushStreamOutcomeSchema: GenMessage<PushStreamOutcome> = /*@__PURE__*/
+  messageDesc(file_busmq_v1_queue_service, 13);
+
+/**
  * @generated from message busmq.v1.ConsumeRequest
  */
 export type ConsumeRequest = Message<"busmq.v1.ConsumeRequest"> & {
@@ -422,7 +508,7 @@ export type ConsumeRequest = Message<"busmq.v1.ConsumeRequest"> & {
  * Use `create(ConsumeRequestSchema)` to create a new message.
  */
 export const ConsumeRequestSchema: GenMessage<ConsumeRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 11);
+  messageDesc(file_busmq_v1_queue_service, 14);
 
 /**
  * Delay after failed delivery n: initial * factor^(n-1), at most max_delay, shortened by
@@ -457,7 +543,7 @@ export type RetryPolicy = Message<"busmq.v1.RetryPolicy"> & {
  * Use `create(RetryPolicySchema)` to create a new message.
  */
 export const RetryPolicySchema: GenMessage<RetryPolicy> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 12);
+  messageDesc(file_busmq_v1_queue_service, 15);
 
 /**
  * At most `limit` deliveries per `per` for every consumer together; with `key`, for
@@ -487,7 +573,7 @@ export type RateLimit = Message<"busmq.v1.RateLimit"> & {
  * Use `create(RateLimitSchema)` to create a new message.
  */
 export const RateLimitSchema: GenMessage<RateLimit> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 13);
+  messageDesc(file_busmq_v1_queue_service, 16);
 
 /**
  * @generated from message busmq.v1.ConsumeResponse
@@ -538,7 +624,7 @@ export type ConsumeResponse = Message<"busmq.v1.ConsumeResponse"> & {
  * Use `create(ConsumeResponseSchema)` to create a new message.
  */
 export const ConsumeResponseSchema: GenMessage<ConsumeResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 14);
+  messageDesc(file_busmq_v1_queue_service, 17);
 
 /**
  * Deliveries that were read together, in order.
@@ -557,7 +643,7 @@ export type DeliveryBatch = Message<"busmq.v1.DeliveryBatch"> & {
  * Use `create(DeliveryBatchSchema)` to create a new message.
  */
 export const DeliveryBatchSchema: GenMessage<DeliveryBatch> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 15);
+  messageDesc(file_busmq_v1_queue_service, 18);
 
 /**
  * @generated from message busmq.v1.ConsumeStarted
@@ -576,7 +662,7 @@ export type ConsumeStarted = Message<"busmq.v1.ConsumeStarted"> & {
  * Use `create(ConsumeStartedSchema)` to create a new message.
  */
 export const ConsumeStartedSchema: GenMessage<ConsumeStarted> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 16);
+  messageDesc(file_busmq_v1_queue_service, 19);
 
 /**
  * @generated from message busmq.v1.AckRequest
@@ -612,7 +698,7 @@ export type AckRequest = Message<"busmq.v1.AckRequest"> & {
  * Use `create(AckRequestSchema)` to create a new message.
  */
 export const AckRequestSchema: GenMessage<AckRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 17);
+  messageDesc(file_busmq_v1_queue_service, 20);
 
 /**
  * @generated from message busmq.v1.AckResponse
@@ -636,7 +722,7 @@ export type AckResponse = Message<"busmq.v1.AckResponse"> & {
  * Use `create(AckResponseSchema)` to create a new message.
  */
 export const AckResponseSchema: GenMessage<AckResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 18);
+  messageDesc(file_busmq_v1_queue_service, 21);
 
 /**
  * @generated from message busmq.v1.NackRequest
@@ -677,7 +763,7 @@ export type NackRequest = Message<"busmq.v1.NackRequest"> & {
  * Use `create(NackRequestSchema)` to create a new message.
  */
 export const NackRequestSchema: GenMessage<NackRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 19);
+  messageDesc(file_busmq_v1_queue_service, 22);
 
 /**
  * @generated from message busmq.v1.NackResponse
@@ -696,7 +782,7 @@ export type NackResponse = Message<"busmq.v1.NackResponse"> & {
  * Use `create(NackResponseSchema)` to create a new message.
  */
 export const NackResponseSchema: GenMessage<NackResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 20);
+  messageDesc(file_busmq_v1_queue_service, 23);
 
 /**
  * @generated from message busmq.v1.RejectRequest
@@ -730,7 +816,7 @@ export type RejectRequest = Message<"busmq.v1.RejectRequest"> & {
  * Use `create(RejectRequestSchema)` to create a new message.
  */
 export const RejectRequestSchema: GenMessage<RejectRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 21);
+  messageDesc(file_busmq_v1_queue_service, 24);
 
 /**
  * @generated from message busmq.v1.RejectResponse
@@ -749,7 +835,7 @@ export type RejectResponse = Message<"busmq.v1.RejectResponse"> & {
  * Use `create(RejectResponseSchema)` to create a new message.
  */
 export const RejectResponseSchema: GenMessage<RejectResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 22);
+  messageDesc(file_busmq_v1_queue_service, 25);
 
 /**
  * @generated from message busmq.v1.RequeueDeadRequest
@@ -778,7 +864,7 @@ export type RequeueDeadRequest = Message<"busmq.v1.RequeueDeadRequest"> & {
  * Use `create(RequeueDeadRequestSchema)` to create a new message.
  */
 export const RequeueDeadRequestSchema: GenMessage<RequeueDeadRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 23);
+  messageDesc(file_busmq_v1_queue_service, 26);
 
 /**
  * @generated from message busmq.v1.RequeueDeadResponse
@@ -797,7 +883,7 @@ export type RequeueDeadResponse = Message<"busmq.v1.RequeueDeadResponse"> & {
  * Use `create(RequeueDeadResponseSchema)` to create a new message.
  */
 export const RequeueDeadResponseSchema: GenMessage<RequeueDeadResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 24);
+  messageDesc(file_busmq_v1_queue_service, 27);
 
 /**
  * @generated from message busmq.v1.UpdateQueueControlsRequest
@@ -849,7 +935,7 @@ export type UpdateQueueControlsRequest = Message<"busmq.v1.UpdateQueueControlsRe
  * Use `create(UpdateQueueControlsRequestSchema)` to create a new message.
  */
 export const UpdateQueueControlsRequestSchema: GenMessage<UpdateQueueControlsRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 25);
+  messageDesc(file_busmq_v1_queue_service, 28);
 
 /**
  * @generated from message busmq.v1.UpdateQueueControlsResponse
@@ -862,7 +948,7 @@ export type UpdateQueueControlsResponse = Message<"busmq.v1.UpdateQueueControlsR
  * Use `create(UpdateQueueControlsResponseSchema)` to create a new message.
  */
 export const UpdateQueueControlsResponseSchema: GenMessage<UpdateQueueControlsResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 26);
+  messageDesc(file_busmq_v1_queue_service, 29);
 
 /**
  * @generated from message busmq.v1.GetQueueRequest
@@ -879,7 +965,7 @@ export type GetQueueRequest = Message<"busmq.v1.GetQueueRequest"> & {
  * Use `create(GetQueueRequestSchema)` to create a new message.
  */
 export const GetQueueRequestSchema: GenMessage<GetQueueRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 27);
+  messageDesc(file_busmq_v1_queue_service, 30);
 
 /**
  * @generated from message busmq.v1.GetQueueResponse
@@ -975,7 +1061,7 @@ export type GetQueueResponse = Message<"busmq.v1.GetQueueResponse"> & {
  * Use `create(GetQueueResponseSchema)` to create a new message.
  */
 export const GetQueueResponseSchema: GenMessage<GetQueueResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 28);
+  messageDesc(file_busmq_v1_queue_service, 31);
 
 /**
  * @generated from message busmq.v1.UpdateQueueMetadataRequest
@@ -997,7 +1083,7 @@ export type UpdateQueueMetadataRequest = Message<"busmq.v1.UpdateQueueMetadataRe
  * Use `create(UpdateQueueMetadataRequestSchema)` to create a new message.
  */
 export const UpdateQueueMetadataRequestSchema: GenMessage<UpdateQueueMetadataRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 29);
+  messageDesc(file_busmq_v1_queue_service, 32);
 
 /**
  * @generated from message busmq.v1.UpdateQueueMetadataResponse
@@ -1010,7 +1096,7 @@ export type UpdateQueueMetadataResponse = Message<"busmq.v1.UpdateQueueMetadataR
  * Use `create(UpdateQueueMetadataResponseSchema)` to create a new message.
  */
 export const UpdateQueueMetadataResponseSchema: GenMessage<UpdateQueueMetadataResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 30);
+  messageDesc(file_busmq_v1_queue_service, 33);
 
 /**
  * @generated from message busmq.v1.FlushQueueRequest
@@ -1027,7 +1113,7 @@ export type FlushQueueRequest = Message<"busmq.v1.FlushQueueRequest"> & {
  * Use `create(FlushQueueRequestSchema)` to create a new message.
  */
 export const FlushQueueRequestSchema: GenMessage<FlushQueueRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 31);
+  messageDesc(file_busmq_v1_queue_service, 34);
 
 /**
  * @generated from message busmq.v1.FlushQueueResponse
@@ -1040,7 +1126,7 @@ export type FlushQueueResponse = Message<"busmq.v1.FlushQueueResponse"> & {
  * Use `create(FlushQueueResponseSchema)` to create a new message.
  */
 export const FlushQueueResponseSchema: GenMessage<FlushQueueResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 32);
+  messageDesc(file_busmq_v1_queue_service, 35);
 
 /**
  * @generated from message busmq.v1.CloseQueueRequest
@@ -1057,7 +1143,7 @@ export type CloseQueueRequest = Message<"busmq.v1.CloseQueueRequest"> & {
  * Use `create(CloseQueueRequestSchema)` to create a new message.
  */
 export const CloseQueueRequestSchema: GenMessage<CloseQueueRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 33);
+  messageDesc(file_busmq_v1_queue_service, 36);
 
 /**
  * @generated from message busmq.v1.CloseQueueResponse
@@ -1070,7 +1156,7 @@ export type CloseQueueResponse = Message<"busmq.v1.CloseQueueResponse"> & {
  * Use `create(CloseQueueResponseSchema)` to create a new message.
  */
 export const CloseQueueResponseSchema: GenMessage<CloseQueueResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 34);
+  messageDesc(file_busmq_v1_queue_service, 37);
 
 /**
  * @generated from message busmq.v1.ListQueuesRequest
@@ -1103,7 +1189,7 @@ export type ListQueuesRequest = Message<"busmq.v1.ListQueuesRequest"> & {
  * Use `create(ListQueuesRequestSchema)` to create a new message.
  */
 export const ListQueuesRequestSchema: GenMessage<ListQueuesRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 35);
+  messageDesc(file_busmq_v1_queue_service, 38);
 
 /**
  * @generated from message busmq.v1.ListQueuesResponse
@@ -1134,7 +1220,7 @@ export type ListQueuesResponse = Message<"busmq.v1.ListQueuesResponse"> & {
  * Use `create(ListQueuesResponseSchema)` to create a new message.
  */
 export const ListQueuesResponseSchema: GenMessage<ListQueuesResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 36);
+  messageDesc(file_busmq_v1_queue_service, 39);
 
 /**
  * A queue's figures as Redis holds them (every client's doing).
@@ -1249,7 +1335,7 @@ export type QueueSummary = Message<"busmq.v1.QueueSummary"> & {
  * Use `create(QueueSummarySchema)` to create a new message.
  */
 export const QueueSummarySchema: GenMessage<QueueSummary> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 37);
+  messageDesc(file_busmq_v1_queue_service, 40);
 
 /**
  * @generated from message busmq.v1.BrowseQueueRequest
@@ -1287,7 +1373,7 @@ export type BrowseQueueRequest = Message<"busmq.v1.BrowseQueueRequest"> & {
  * Use `create(BrowseQueueRequestSchema)` to create a new message.
  */
 export const BrowseQueueRequestSchema: GenMessage<BrowseQueueRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 38);
+  messageDesc(file_busmq_v1_queue_service, 41);
 
 /**
  * @generated from message busmq.v1.BrowseQueueResponse
@@ -1324,7 +1410,7 @@ export type BrowseQueueResponse = Message<"busmq.v1.BrowseQueueResponse"> & {
  * Use `create(BrowseQueueResponseSchema)` to create a new message.
  */
 export const BrowseQueueResponseSchema: GenMessage<BrowseQueueResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 39);
+  messageDesc(file_busmq_v1_queue_service, 42);
 
 /**
  * @generated from message busmq.v1.MessageBatch
@@ -1341,7 +1427,7 @@ export type MessageBatch = Message<"busmq.v1.MessageBatch"> & {
  * Use `create(MessageBatchSchema)` to create a new message.
  */
 export const MessageBatchSchema: GenMessage<MessageBatch> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 40);
+  messageDesc(file_busmq_v1_queue_service, 43);
 
 /**
  * Queues: ordered, sharded message queues.
@@ -1404,6 +1490,24 @@ export const QueueService: GenService<{
     methodKind: "unary";
     input: typeof PushManyRequestSchema;
     output: typeof PushManyResponseSchema;
+  },
+  /**
+   * Pushes over one long-lived stream, for producers of many small pushes: each request
+   * is one push, stored exactly as Push would store it (its own request_id, ids and
+   * error), and answered in a later response by its `sequence`. Pushes to one queue are
+   * stored in the order sent; pushes to different queues run concurrently, so outcomes
+   * may come in another order than the requests. A push that fails does not end the
+   * stream. At most 1,000 pushes are under way per stream: beyond that the gateway reads
+   * no further requests until some are answered. A request that does not parse ends the
+   * stream INVALID_ARGUMENT (MALFORMED_REQUEST); a draining gateway answers what it read
+   * and ends the stream UNAVAILABLE (DRAINING).
+   *
+   * @generated from rpc busmq.v1.QueueService.PushStream
+   */
+  pushStream: {
+    methodKind: "bidi_streaming";
+    input: typeof PushStreamRequestSchema;
+    output: typeof PushStreamResponseSchema;
   },
   /**
    * Streams deliveries in the requested mode until cancelled, `max` is reached, or the

@@ -1,0 +1,145 @@
+"""Direct pushes of a link go over one ``PushStream``: one call for a thousand pushes,
+each with its own ids or error, per-task order kept; the outbox takes over at a cut
+with nothing lost or stored twice; a gateway without ``PushStream`` gets calls."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import pytest
+
+from busmq import Bus, QueueFullError, QueueNotFoundError
+from busmq.federation import FederationTarget
+from busmq_gateway import Gateway, GatewaySettings
+from busmq_gateway.queue_service import QueueService
+from tests.conftest import fast_settings
+from tests.federation.conftest import SECRET, CallCounter, DatacenterA, MakeB
+from tests.federation.test_push_coalescing import (
+    QUEUES,
+    federated,
+    in_task_order,
+    push_in_turn,
+    stored,
+)
+from tests.support.waiting import eventually
+
+
+async def test_a_thousand_concurrent_pushes_go_over_one_stream_keeping_ids_and_order(
+    dc_a: DatacenterA, dc_b: Bus, call_counter: CallCounter
+) -> None:
+    remotes = await federated(dc_a, dc_b, QUEUES)
+    call_counter.install(remotes[0].link)
+    results: dict[bytes, int | None] = {}
+    await asyncio.gather(
+        *(push_in_turn(remotes[task % 5], task, 10, results) for task in range(100))
+    )
+    assert call_counter.calls == {"PushStream": 1}
+    assert None not in results.values()  # every push went direct: none to the outbox
+    for index, name in enumerate(QUEUES):
+        messages = await stored(dc_a.bus, name, 200)
+        assert [i for i, _ in messages] == list(range(1, 201))
+        assert all(results[payload] == i for i, payload in messages)
+        assert {int(p.split(b"-")[0]) % 5 for _, p in messages} == {index}
+        assert in_task_order(messages)
+    assert sum(r.pushed for r in remotes) == 1000
+
+
+async def test_each_push_over_the_stream_gets_its_own_result_or_error(
+    dc_a: DatacenterA, dc_b: Bus, call_counter: CallCounter
+) -> None:
+    await dc_a.bus.queue("capped").attach(ttl=120, max_backlog=5)
+    present, capped = await federated(dc_a, dc_b, ["present", "capped"])
+    absent = dc_b.federate("absent", dc_a.url)
+    call_counter.install(present.link)
+    pushes = [present.push(b"p%d" % i) for i in range(20)]
+    pushes += [absent.push(b"a%d" % i) for i in range(5)]
+    pushes += [capped.push(b"c%d" % i) for i in range(10)]
+    outcomes = await asyncio.gather(*pushes, return_exceptions=True)
+    assert call_counter.calls == {"PushStream": 1}
+    assert sorted(o for o in outcomes[:20] if isinstance(o, int)) == list(range(1, 21))
+    for error in outcomes[20:25]:
+        assert isinstance(error, QueueNotFoundError) and error.queue == "absent"
+    capped_ids = [o for o in outcomes[25:] if isinstance(o, int)]
+    full = [o for o in outcomes[25:] if isinstance(o, QueueFullError)]
+    assert sorted(capped_ids) == [1, 2, 3, 4, 5] and len(full) == 5
+    assert present.outbox_depth == capped.outbox_depth == absent.outbox_depth == 0
+
+
+async def test_a_cut_during_streamed_pushes_sends_them_to_the_outbox_losing_nothing(
+    dc_a: DatacenterA, dc_b: Bus, call_counter: CallCounter
+) -> None:
+    remotes = await federated(dc_a, dc_b, QUEUES)
+    link = remotes[0].link
+    call_counter.install(link)
+    results: dict[bytes, int | None] = {}
+    producers = asyncio.gather(
+        *(push_in_turn(remotes[task % 5], task, 20, results) for task in range(50))
+    )
+    await eventually(lambda: len(results) >= 200, what="pushes under way")
+    await dc_a.proxy.cut()
+    await eventually(lambda: not link.usable, what="the cut noticed")
+    await eventually(lambda: link.outbox_depth > 0, what="pushes queued in the outbox")
+    await dc_a.proxy.restore()
+    await producers
+    await eventually(lambda: link.outbox_depth == 0, timeout=30, what="outbox drained")
+    direct = [p for p, i in results.items() if i is not None]
+    assert direct and len(direct) < 1000  # some went direct, some through the outbox
+    everything: list[bytes] = []
+    for name in QUEUES:
+        count = await dc_a.bus.queue(name).last_id()
+        messages = await stored(dc_a.bus, name, count)
+        assert [i for i, _ in messages] == list(range(1, count + 1))
+        assert in_task_order(messages)
+        assert all(results[p] in (None, i) for i, p in messages)
+        everything += [p for _, p in messages]
+    assert len(everything) == 1000 and set(everything) == set(results)  # once each
+
+
+@pytest.fixture
+async def gateway_without_push_stream(
+    dc_a: DatacenterA, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Gateway]:
+    """An in-process gateway on A's Redis that answers PushStream as one built before
+    it existed does (``UNIMPLEMENTED``)."""
+
+    async def unimplemented(
+        self: QueueService, requests: Any, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
+        yield  # pragma: no cover - abort raises
+
+    monkeypatch.setattr(QueueService, "PushStream", unimplemented)
+    settings = GatewaySettings(
+        listen="127.0.0.1:0", secrets=(SECRET,), bus=fast_settings([dc_a.redis.url])
+    )
+    gateway = Gateway(settings)
+    await gateway.start()
+    try:
+        yield gateway
+    finally:
+        await gateway.stop()
+
+
+async def test_a_gateway_without_push_stream_gets_calls_from_then_on(
+    dc_a: DatacenterA,
+    make_b: MakeB,
+    gateway_without_push_stream: Gateway,
+    call_counter: CallCounter,
+) -> None:
+    url = f"http://127.0.0.1:{gateway_without_push_stream.port}"
+    bus = await make_b(target=FederationTarget(url, secret=SECRET))
+    await dc_a.bus.queue("old-gateway").attach(ttl=120)
+    remote = bus.federate("old-gateway", url)
+    assert await remote.link.wait_usable(10)
+    call_counter.install(remote.link)
+    results: dict[bytes, int | None] = {}
+    await asyncio.gather(*(push_in_turn(remote, task, 10, results) for task in range(20)))
+    assert call_counter.calls["PushStream"] == 1  # tried once, then remembered
+    assert not remote.link.pushes.streamed.available
+    assert call_counter.calls["Push"] + call_counter.calls["PushMany"] >= 1
+    messages = await stored(dc_a.bus, "old-gateway", 200)
+    assert [i for i, _ in messages] == list(range(1, 201)) and in_task_order(messages)
+    assert all(results[p] == i for i, p in messages)
