@@ -7,6 +7,7 @@ import struct
 import time
 from array import array
 from dataclasses import dataclass
+from typing import Any
 
 STAMP = struct.Struct("<q")  # send time (perf_counter_ns) at the head of each payload
 
@@ -75,6 +76,16 @@ class Lanes:
         self.running = False
         for room in self.rooms:
             room.set()
+
+
+async def settle(inflight: set[asyncio.Task[Any]], lanes: Lanes, sent: int) -> None:
+    """After a fixed-rate run: wait for the pushes under way (5 s at most), then for
+    their messages to be consumed (2 s at most)."""
+    if inflight:
+        await asyncio.wait(inflight, timeout=5)
+    deadline = time.perf_counter() + 2
+    while sum(lanes.consumed) < sent and time.perf_counter() < deadline:  # noqa: ASYNC110 - a deadline, not an event
+        await asyncio.sleep(0.01)
 
 
 def payloads(count: int, size: int) -> list[bytes]:

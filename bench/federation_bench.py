@@ -39,7 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from _flow import Figures, Lanes, payloads, percentile  # bench/ is sys.path[0]
+from _flow import Figures, Lanes, payloads, percentile, settle  # bench/ is sys.path[0]
 from _redis import free_port, local_redis
 from busmq import Bus, BusSettings, Mode, Queue
 from busmq.federation import FederatedQueue, FederationSettings, FederationTarget
@@ -129,10 +129,11 @@ async def fixed_rate(
         task.add_done_callback(inflight.discard)
         sent += 1
     await asyncio.gather(*inflight, return_exceptions=True)
-    await asyncio.sleep(0.5)
+    elapsed = time.perf_counter() - started
+    await settle(inflight, lanes, sent)
     figures = Figures(
         label,
-        time.perf_counter() - started,
+        elapsed,
         pushed=sent,
         consumed=sum(lanes.consumed),
         p50_ms=percentile(lanes.latencies, 0.5),

@@ -13,7 +13,8 @@ The script starts its own ``redis-server`` (free loopback port) and its own gate
 process, and stops both at the end.
 
     .venv/bin/python bench/gateway_bench.py               # 20 s per run
-    .venv/bin/python bench/gateway_bench.py --seconds 5
+    .venv/bin/python bench/gateway_bench.py --seconds 8 --rounds 3   # medians
+    .venv/bin/python bench/gateway_bench.py --pin     # the gateway on a core of its own
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Any
 import grpc
 import psutil
 
-from _flow import Figures, Lanes, payloads, percentile  # bench/ is sys.path[0]
+from _flow import Figures, Lanes, payloads, percentile, settle  # bench/ is sys.path[0]
 from _redis import free_port, local_redis
 from busmq import Bus, BusSettings, Mode, Queue
 from busmq.v1 import queue_service_pb2 as pb
@@ -69,7 +70,9 @@ class PushStream:
     async def _read(self) -> None:
         async for response in self.call:
             for outcome in response.outcomes:
-                self.waiting.pop(outcome.sequence).set_result(outcome)
+                future = self.waiting.pop(outcome.sequence)
+                if not future.done():  # its pusher may have been cancelled
+                    future.set_result(outcome)
 
     async def close(self) -> None:
         await _cancel(self.tasks)
@@ -208,10 +211,11 @@ async def fixed_rate(
         inflight.add(task)
         task.add_done_callback(inflight.discard)
         sent += 1
-    await asyncio.sleep(0.5)
+    elapsed = time.perf_counter() - started
+    await settle(inflight, lanes, sent)
     figures = Figures(
         label,
-        time.perf_counter() - started,
+        elapsed,
         pushed=sent,
         consumed=sum(lanes.consumed),
         p50_ms=percentile(lanes.latencies, 0.5),
@@ -245,19 +249,37 @@ async def _cancel(tasks: list[asyncio.Task[Any]]) -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def start_gateway(redis_url: str, workers: int = 1) -> tuple[asyncio.subprocess.Process, str]:
+async def start_gateway(
+    redis_url: str, workers: int = 1, cpus: set[int] | None = None
+) -> tuple[asyncio.subprocess.Process, str]:
     port = free_port()
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "busmq_gateway",
         "--listen", f"127.0.0.1:{port}", "--secret", SECRET, "--redis-url", redis_url,
         "--log-level", "warning", "--workers", str(workers), "--http-listen", "off",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, preexec_fn=pin,
     )  # fmt: skip
     assert process.stdout is not None
     while b"ready" not in await process.stdout.readline():
         if process.returncode is not None:
             raise RuntimeError("gateway did not start")
     return process, f"127.0.0.1:{port}"
+
+
+def median_row(rows: list[Figures]) -> Figures:
+    def median(values: list[float]) -> float:
+        return sorted(values)[len(values) // 2]
+
+    seconds = median([r.seconds for r in rows])
+    return Figures(
+        rows[0].label,
+        seconds,
+        pushed=int(median([r.pushed_per_s for r in rows]) * seconds),
+        consumed=int(median([r.consumed_per_s for r in rows]) * seconds),
+        p50_ms=median([r.p50_ms for r in rows]),
+        p99_ms=median([r.p99_ms for r in rows]),
+    )
 
 
 def report(rows: list[Figures]) -> None:
@@ -272,7 +294,7 @@ def report(rows: list[Figures]) -> None:
 async def with_workers(args: argparse.Namespace, redis_url: str, workers: int) -> list[Figures]:
     """The flood and the fixed-rate run through a gateway of ``workers`` processes, with
     unary pushes and over push streams."""
-    gateway, target = await start_gateway(redis_url, workers)
+    gateway, target = await start_gateway(redis_url, workers, args.gateway_cpus)
     rows: list[Figures] = []
     try:
         for streamed in (False, True):
@@ -313,10 +335,26 @@ async def direct(args: argparse.Namespace, redis_url: str) -> list[Figures]:
 
 
 async def main(args: argparse.Namespace) -> None:
+    args.gateway_cpus = None
+    if args.pin:
+        # The gateway on the last core, this process and its Redis (started after
+        # this, so inheriting it) on the others: each side's latency without the
+        # other's scheduling. Floods are then not comparable to direct, which has one
+        # core less.
+        cpus = sorted(os.sched_getaffinity(0))
+        args.gateway_cpus = {cpus[-1]}
+        os.sched_setaffinity(0, set(cpus[:-1]))
+        print(f"pinned: gateway on cpu {cpus[-1]}, client and Redis on {cpus[:-1]}")
+    rounds: list[list[Figures]] = []
     with local_redis() as redis:
-        rows = await direct(args, redis.url)
-        for workers in args.workers:
-            rows += await with_workers(args, redis.url, workers)
+        for _ in range(args.rounds):  # interleaved: this VM's cores are shared
+            rows = await direct(args, redis.url)
+            for workers in args.workers:
+                rows += await with_workers(args, redis.url, workers)
+            rounds.append(rows)
+    rows = [median_row([r[i] for r in rounds]) for i in range(len(rounds[0]))]
+    if args.rounds > 1:
+        print(f"\nmedians of {args.rounds} interleaved rounds (each column on its own)")
     report(rows)
     core_flood, core_rate = rows[0], rows[1]
     print(f"\ntargets: flood >= 0.6x direct; p99 <= 1 ms at {args.rate:,.0f} msg/s")
@@ -345,6 +383,12 @@ def parse() -> argparse.Namespace:
         type=lambda text: [int(n) for n in text.split(",")],
         default=[1, 2],
         help="gateway process counts to measure, e.g. 1,2",
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds (medians)")
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="run the gateway on a core of its own (latency; floods not comparable)",
     )
     return parser.parse_args()
 
