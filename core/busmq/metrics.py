@@ -43,6 +43,16 @@ from .inventory import QueueStats
 from .shard import ShardState
 from .stats import KINDS
 
+CLIENT_HELP = {
+    "pushed": "Messages this process pushed.",
+    "delivered": "Messages this process's consumers received (first or again).",
+    "redelivered": "Deliveries after the first, received by this process.",
+    "acked": "Deliveries this process acknowledged.",
+    "retried": "Deliveries this process gave back for a retry.",
+    "rejected": "Deliveries this process rejected to the dead letters.",
+}
+"""Help of each ``busmq_client_<kind>`` counter (:mod:`busmq.stats` kinds)."""
+
 if TYPE_CHECKING:
     from .bus import Bus
     from .federation.manager import TargetStatus
@@ -75,10 +85,21 @@ class Snapshot:
 class BusMetrics(Collector):
     """A ``prometheus_client`` collector of one bus (see the module docstring)."""
 
-    def __init__(self, bus: Bus, *, max_queues: int = 100, cache_seconds: float = 5.0) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        *,
+        max_queues: int = 100,
+        cache_seconds: float = 5.0,
+        process_figures: bool = True,
+    ) -> None:
+        """``process_figures=False`` leaves out this process's ``busmq_client_*``
+        counters (a process that reports other processes' instead, as a gateway's
+        supervisor reports its workers')."""
         if max_queues < 1:
             raise ValueError("max_queues must be at least 1")
         self.bus = bus
+        self.process_figures = process_figures
         self.max_queues = max_queues
         self.cache_seconds = cache_seconds
         self._snapshot: Snapshot | None = None
@@ -137,7 +158,8 @@ class BusMetrics(Collector):
 
     def collect(self) -> Iterator[Metric]:
         snapshot = self._current()
-        yield from self._process_metrics()
+        if self.process_figures:
+            yield from self._process_metrics()
         if snapshot is None:
             return
         yield from self._queue_metrics(snapshot)
@@ -234,20 +256,13 @@ class BusMetrics(Collector):
         yield failed
 
     def _process_metrics(self) -> Iterator[Metric]:
-        help_text = {
-            "pushed": "Messages this process pushed.",
-            "delivered": "Messages this process's consumers received (first or again).",
-            "redelivered": "Deliveries after the first, received by this process.",
-            "acked": "Deliveries this process acknowledged.",
-            "retried": "Deliveries this process gave back for a retry.",
-            "rejected": "Deliveries this process rejected to the dead letters.",
-        }
         counters = self.bus.counters
         # Every kind is reported for every queue any kind counted (zeros included), so
         # a rate over a counter that has not moved yet is 0, not absent.
         labels = sorted({self.label_of(q) for kind in KINDS for q in counters.of(kind)})
         for kind in KINDS:
-            family = CounterMetricFamily(f"busmq_client_{kind}", help_text[kind], labels=["queue"])
+            name, help_text = f"busmq_client_{kind}", CLIENT_HELP[kind]
+            family = CounterMetricFamily(name, help_text, labels=["queue"])
             totals: dict[str, int] = dict.fromkeys(labels, 0)
             for queue, value in counters.of(kind).items():
                 totals[self.label_of(queue)] += value

@@ -70,16 +70,33 @@ def _split(method: str) -> tuple[str, str]:
     return service, name
 
 
-class RefusalCollector(Collector):
-    """Calls refused per principal and reason, and each principal's open streams."""
+class GatewayCollector(Collector):
+    """The gateway's own figures, read at scrape time in a single process: open streams
+    (all, and per principal), malformed requests, and refusals per principal and reason.
+    (A worker under ``--workers`` publishes the same names to its supervisor instead:
+    :mod:`busmq_gateway.worker_metrics`.)"""
 
-    def __init__(self, access: Access) -> None:
+    def __init__(
+        self, access: Access, active_streams: Callable[[], int], malformed: Callable[[], int]
+    ) -> None:
         self.access = access
+        self.active_streams = active_streams
+        self.malformed = malformed
 
     def describe(self) -> Iterable[Metric]:
         return []
 
     def collect(self) -> Iterator[Metric]:
+        active = GaugeMetricFamily(
+            "busmq_gateway_active_streams", "Open delivery and channel streams."
+        )
+        active.add_metric([], self.active_streams())
+        yield active
+        malformed = GaugeMetricFamily(
+            "busmq_gateway_malformed_requests", "Requests refused as malformed since start."
+        )
+        malformed.add_metric([], self.malformed())
+        yield malformed
         refused = CounterMetricFamily(
             "busmq_gateway_refused",
             "Calls refused by principal and reason (PERMISSION_DENIED, STREAM_LIMIT, ...).",

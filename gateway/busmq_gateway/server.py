@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 from typing import Protocol
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import CollectorRegistry
 
 from busmq import Bus, BusState, Event
 from busmq.metrics import BusMetrics
@@ -37,8 +38,9 @@ from .malformed import MalformedLog
 from .persistable_service import PersistableService
 from .queue_service import QueueService
 from .request_service import RequestService
-from .rpc_metrics import RefusalCollector, RpcMetrics
+from .rpc_metrics import GatewayCollector, RpcMetrics
 from .throttle import quiet_client_gone
+from .worker_metrics import MULTIPROCESS_ENV, WorkerFigures
 
 log = logging.getLogger(__name__)
 
@@ -99,18 +101,13 @@ class Gateway:
             cache_seconds=settings.metrics_cache_seconds,
         )
         self.registry.register(self.bus_metrics)
-        Gauge(
-            "busmq_gateway_active_streams",
-            "Open delivery and channel streams.",
-            registry=self.registry,
-        ).set_function(lambda: self.active_streams)
-        Gauge(
-            "busmq_gateway_malformed_requests",
-            "Requests refused as malformed since start.",
-            registry=self.registry,
-        ).set_function(lambda: self.malformed.total)
-        self.registry.register(RefusalCollector(self.access))
+        # Read at scrape time, never multiprocess files: a worker publishes these
+        # to its supervisor itself (WorkerFigures).
+        self.registry.register(
+            GatewayCollector(self.access, lambda: self.active_streams, lambda: self.malformed.total)
+        )
         self.http: HttpListener | None = None
+        self._worker_figures: WorkerFigures | None = None
 
     def _options(self) -> list[tuple[str, int]]:
         keepalive_ms = int(self.settings.keepalive_seconds * 1000)
@@ -154,6 +151,9 @@ class Gateway:
         self.port = self._bind()
         await self.server.start()
         self._attachments.start()
+        if os.environ.get(MULTIPROCESS_ENV):  # a worker: its supervisor serves /metrics
+            self._worker_figures = WorkerFigures(self)
+            self._worker_figures.start()
         if self.settings.http_listen is not None:
             self.http = HttpListener(
                 self.settings,
@@ -210,6 +210,8 @@ class Gateway:
             log.warning("%d stream(s) still open after %.1fs", self.active_streams, half)
         if self.server is not None:
             await self.server.stop(half)
+        if self._worker_figures is not None:
+            await self._worker_figures.stop()
         await self.requests.close()
         await self._attachments.close()
         if self.http is not None:

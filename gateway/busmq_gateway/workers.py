@@ -45,6 +45,7 @@ from busmq.metrics import BusMetrics
 from .access import Access
 from .config import GatewaySettings
 from .http import HttpListener
+from .worker_metrics import MULTIPROCESS_ENV
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +132,7 @@ class Supervisor:
             bus_settings = dataclasses.replace(bus_settings, redis_urls=(self._embedded.url,))
         self.port = self._hold_port()
         self._metrics_dir = tempfile.mkdtemp(prefix="busmq-gateway-metrics-")
-        env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": self._metrics_dir}
+        env = {**os.environ, MULTIPROCESS_ENV: self._metrics_dir}
         for index in range(self.count):
             worker = Worker(index, self._worker_argv(bus_settings.redis_urls), env)
             self.workers.append(worker)
@@ -170,6 +171,7 @@ class Supervisor:
             bus,
             max_queues=self.settings.metrics_max_queues,
             cache_seconds=self.settings.metrics_cache_seconds,
+            process_figures=False,  # the workers' come summed from their files
         )
         registry.register(metrics)
         Gauge(

@@ -1,7 +1,8 @@
 """``busmq-gateway --workers 2``: two processes on one port over the one embedded Redis
 the supervisor starts. A worker SIGKILLed during an at-least-once consume and push run:
 the client resumes on a live worker, every push that was acknowledged is consumed, the
-worker is restarted; SIGTERM drains both and the supervisor exits 0."""
+worker is restarted; SIGTERM drains both and the supervisor exits 0. The supervisor's
+``/metrics`` sums what the workers counted."""
 
 from __future__ import annotations
 
@@ -20,12 +21,13 @@ import pytest
 from busmq import Bus, BusUnavailableError, Mode, UnknownMessageError
 from busmq.federation import FederationSettings, FederationTarget
 from busmq.v1 import queue_service_pb2 as pb
-from busmq.v1 import queue_service_pb2_grpc
+from busmq.v1 import queue_service_pb2_grpc, types_pb2
 from tests.conftest import fast_settings
 from tests.federation.conftest import FAST_LINK
 from tests.support.gateway_process import spawn_until_ready
 from tests.support.redis_server import RedisServer, free_port
 from tests.support.scrape import scrape
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.slow
 
@@ -37,12 +39,19 @@ def workers_of(supervisor: int) -> list[psutil.Process]:
     return [p for p in psutil.Process(supervisor).children() if "python" in p.name()]
 
 
+def holding(workers: list[psutil.Process], port: int) -> list[psutil.Process]:
+    """The workers that hold a client connection to ``port``."""
+    return [
+        worker for worker in workers
+        if any(c.laddr.port == port and c.status == psutil.CONN_ESTABLISHED
+               for c in worker.net_connections("tcp"))
+    ]  # fmt: skip
+
+
 def serving_client(workers: list[psutil.Process], port: int) -> psutil.Process:
     """A worker that holds one of the client's connections to ``port``."""
-    for worker in workers:
-        if any(c.laddr.port == port and c.status == psutil.CONN_ESTABLISHED
-               for c in worker.net_connections("tcp")):  # fmt: skip
-            return worker
+    for worker in holding(workers, port):
+        return worker
     raise AssertionError("no worker holds a connection")
 
 
@@ -130,12 +139,12 @@ async def test_a_killed_worker_loses_nothing_acknowledged_and_sigterm_drains_all
         assert len(now) == 2 and victim.pid not in {p.pid for p in now}
         samples = await scrape(f"http://127.0.0.1:{http}/metrics")
         assert samples["busmq_gateway_workers_up", {}] == 2
-        handled = sum(
-            samples[name, labels] for labels in samples.labels_of("grpc_server_handled_total")
-            if labels["grpc_method"] == "PushMany" and labels["grpc_code"] == "OK"
-            for name in ["grpc_server_handled_total"]
-        )  # fmt: skip
-        assert handled >= 1
+        started = sum(
+            samples["grpc_server_started_total", labels]
+            for labels in samples.labels_of("grpc_server_started_total")
+            if labels["grpc_method"] in ("PushStream", "PushMany")
+        )
+        assert started >= 1
 
         supervisor.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(supervisor.wait(), 60) == 0
@@ -163,3 +172,82 @@ async def test_workers_do_not_outlive_a_killed_supervisor(tmp_path: Path) -> Non
         for orphan in alive:  # so that a failure does not leave them serving
             orphan.kill()
         assert not alive, "workers outlived their supervisor"
+
+
+async def test_the_supervisor_sums_what_the_workers_counted(tmp_path: Path) -> None:
+    async with RedisServer(tmp_path / "redis") as redis:
+        port, http = free_port(), free_port()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("BUSMQ_")}
+        supervisor, _ = await spawn_until_ready(
+            sys.executable, "-m", "busmq_gateway", "--workers", "2",
+            "--listen", f"127.0.0.1:{port}", "--http-listen", f"127.0.0.1:{http}",
+            "--redis-url", redis.url, f"--secret={SECRET}", "--grace-seconds", "2", env=env,
+        )  # fmt: skip
+        auth = (("authorization", f"Bearer {SECRET}"),)
+        channels: list[grpc.aio.Channel] = []
+        streams: list[grpc.aio.UnaryStreamCall] = []  # type: ignore[type-arg]
+        try:
+            workers = workers_of(supervisor.pid)
+            # Connections until both workers hold one (the kernel spreads connections).
+            while len(holding(workers, port)) < 2:
+                assert len(channels) < 64, "every connection landed on one worker"
+                channel = grpc.aio.insecure_channel(
+                    f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)]
+                )
+                channels.append(channel)
+                stub = queue_service_pb2_grpc.QueueServiceStub(channel)
+                await stub.AttachQueue(pb.AttachQueueRequest(queue="tallied"), metadata=auth)
+            stubs = [queue_service_pb2_grpc.QueueServiceStub(c) for c in channels]
+            received = 0
+            all_received = asyncio.Event()
+
+            async def consume(stub: queue_service_pb2_grpc.QueueServiceStub) -> None:
+                nonlocal received
+                call = stub.Consume(pb.ConsumeRequest(queue="tallied"), metadata=auth)
+                streams.append(call)
+                async for response in call:
+                    if response.HasField("delivery"):
+                        received += 1
+                        if received == 200:
+                            all_received.set()
+
+            readers = [asyncio.create_task(consume(stub)) for stub in stubs]
+
+            async def streams_open() -> bool:
+                samples = await scrape(f"http://127.0.0.1:{http}/metrics")
+                return samples.get("busmq_gateway_active_streams") == len(stubs)
+
+            await eventually(streams_open, what="every stream open")
+            messages = [types_pb2.OutgoingMessage(payload=b"%d" % i) for i in range(10)]
+            for i in range(20):  # 20 pushes of 10 messages, over every connection
+                stub = stubs[i % len(stubs)]
+                await stub.Push(pb.PushRequest(queue="tallied", messages=messages), metadata=auth)
+            await asyncio.wait_for(all_received.wait(), 20)
+            garbage = channels[0].unary_unary("/busmq.v1.QueueService/GetQueue")
+            with pytest.raises(grpc.aio.AioRpcError):
+                await garbage(b"\xff\xff\xff", metadata=auth)
+
+            async def summed() -> bool:
+                samples = await scrape(f"http://127.0.0.1:{http}/metrics")
+                tallied = {"queue": "tallied"}
+                return (
+                    samples.get("busmq_client_pushed_total", tallied) == 200
+                    and samples.get("busmq_client_delivered_total", tallied) == 200
+                    and samples.get("busmq_gateway_malformed_requests") == 1
+                )
+
+            await eventually(summed, what="the workers' figures summed")
+            for reader in readers:
+                reader.cancel()
+            await asyncio.gather(*readers, return_exceptions=True)
+
+            async def streams_closed() -> bool:
+                samples = await scrape(f"http://127.0.0.1:{http}/metrics")
+                return samples.get("busmq_gateway_active_streams") == 0
+
+            await eventually(streams_closed, what="the streams counted closed")
+        finally:
+            for channel in channels:
+                await channel.close()
+            supervisor.send_signal(signal.SIGTERM)
+            await asyncio.wait_for(supervisor.wait(), 60)
