@@ -98,6 +98,19 @@ async def test_a_cut_during_streamed_pushes_sends_them_to_the_outbox_losing_noth
     assert len(everything) == 1000 and set(everything) == set(results)  # once each
 
 
+async def test_a_push_too_large_for_the_stream_goes_by_a_call(
+    dc_a: DatacenterA, dc_b: Bus, call_counter: CallCounter
+) -> None:
+    (remote,) = await federated(dc_a, dc_b, ["large"])
+    call_counter.install(remote.link)
+    large = [bytes(600 * 1024), bytes(600 * 1024)]  # over MAX_STREAMED_BYTES together
+    small = [remote.push(b"%d" % i) for i in range(20)]
+    ids = await asyncio.gather(remote.push_batch(large), *small)
+    assert call_counter.calls == {"PushStream": 1, "Push": 1}
+    assert sorted([*ids[0], *ids[1:]]) == list(range(1, 23))
+    assert remote.outbox_depth == 0
+
+
 @pytest.fixture
 async def gateway_without_push_stream(
     dc_a: DatacenterA, monkeypatch: pytest.MonkeyPatch

@@ -14,6 +14,7 @@ falls back to coalesced unary calls when it does not).
   may not be stored, and go to the outbox with their ``request_id``, which the gateway
   stores once. A push unanswered for ``operation_timeout`` does the same, and ends the
   stream (the next push opens another).
+* Pushes over ``pushes.MAX_STREAMED_BYTES`` go by calls instead (see there).
 * ``UNIMPLEMENTED`` (a gateway that predates ``PushStream``): nothing was stored; the
   unanswered pushes raise :class:`StreamUnsupported` and the link pushes by unary calls
   until it is ready again after a break.

@@ -58,6 +58,10 @@ MAX_BYTES = 1024 * 1024  # a soft bound: one push alone may be larger
 FULL_MESSAGES = 100
 FULL_BYTES = 64 * 1024
 CALLS_PER_CHANNEL = 1  # full calls under way per channel of the pool, at most
+# Larger pushes go by calls: one over the gateway's gRPC message limit would end the
+# whole stream (every push on it then ambiguous) where a call fails alone, and a large
+# push would hold the stream's smaller ones behind it.
+MAX_STREAMED_BYTES = MAX_BYTES
 
 
 class _Waiting:
@@ -107,7 +111,7 @@ class PushCoalescer:
         """
         if self._closed:
             raise BusError(f"the link to {self._link.url} is closed")
-        if self.streamed.available:
+        if self.streamed.available and request.ByteSize() <= MAX_STREAMED_BYTES:
             try:
                 return await self.streamed.push(request)
             except StreamUnsupported:

@@ -36,8 +36,9 @@ type QueueServiceClient interface {
 	// may come in another order than the requests. A push that fails does not end the
 	// stream. At most 1,000 pushes are under way per stream: beyond that the gateway reads
 	// no further requests until some are answered. A request that does not parse ends the
-	// stream INVALID_ARGUMENT (MALFORMED_REQUEST); a draining gateway answers what it read
-	// and ends the stream UNAVAILABLE (DRAINING).
+	// stream INVALID_ARGUMENT (MALFORMED_REQUEST), and one larger than the gateway's
+	// largest accepted gRPC message RESOURCE_EXHAUSTED: send large pushes with Push. A
+	// draining gateway answers what it read and ends the stream UNAVAILABLE (DRAINING).
 	PushStream(ctx context.Context, opts ...grpc.CallOption) (QueueService_PushStreamClient, error)
 	// Streams deliveries in the requested mode until cancelled, `max` is reached, or the
 	// queue is closed.
@@ -330,8 +331,9 @@ type QueueServiceServer interface {
 	// may come in another order than the requests. A push that fails does not end the
 	// stream. At most 1,000 pushes are under way per stream: beyond that the gateway reads
 	// no further requests until some are answered. A request that does not parse ends the
-	// stream INVALID_ARGUMENT (MALFORMED_REQUEST); a draining gateway answers what it read
-	// and ends the stream UNAVAILABLE (DRAINING).
+	// stream INVALID_ARGUMENT (MALFORMED_REQUEST), and one larger than the gateway's
+	// largest accepted gRPC message RESOURCE_EXHAUSTED: send large pushes with Push. A
+	// draining gateway answers what it read and ends the stream UNAVAILABLE (DRAINING).
 	PushStream(QueueService_PushStreamServer) error
 	// Streams deliveries in the requested mode until cancelled, `max` is reached, or the
 	// queue is closed.

@@ -1499,8 +1499,9 @@ export const QueueService: GenService<{
    * may come in another order than the requests. A push that fails does not end the
    * stream. At most 1,000 pushes are under way per stream: beyond that the gateway reads
    * no further requests until some are answered. A request that does not parse ends the
-   * stream INVALID_ARGUMENT (MALFORMED_REQUEST); a draining gateway answers what it read
-   * and ends the stream UNAVAILABLE (DRAINING).
+   * stream INVALID_ARGUMENT (MALFORMED_REQUEST), and one larger than the gateway's
+   * largest accepted gRPC message RESOURCE_EXHAUSTED: send large pushes with Push. A
+   * draining gateway answers what it read and ends the stream UNAVAILABLE (DRAINING).
    *
    * @generated from rpc busmq.v1.QueueService.PushStream
    */
