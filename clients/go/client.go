@@ -41,6 +41,7 @@ type Client struct {
 	// Queues is the generated QueueService client, for calls the helpers do not cover.
 	Queues pb.QueueServiceClient
 	pushes *pushCoalescer
+	stream *pushStream
 }
 
 // Dial connects to the gateway (lazily: the first call opens the connection).
@@ -73,18 +74,25 @@ func Dial(ctx context.Context, options Options) (*Client, error) {
 	}
 	client := &Client{conn: conn, timeout: timeout, Queues: pb.NewQueueServiceClient(conn)}
 	client.pushes = &pushCoalescer{client: client}
+	client.stream = &pushStream{client: client}
 	return client, nil
 }
 
 // Close closes the connection (release queues with Detach first).
 func (c *Client) Close() error {
+	c.stream.close()
 	return c.conn.Close()
 }
 
-// PushCalls counts the push calls made (Push or PushMany): pushes made while one is under
-// way share the next.
+// PushCalls counts the push calls made (Push or PushMany): pushes that do not go over
+// the push stream, and made while one is under way, share the next.
 func (c *Client) PushCalls() int64 {
 	return atomic.LoadInt64(&c.pushes.calls)
+}
+
+// PushStreams counts the PushStream calls opened: one carries every push until it ends.
+func (c *Client) PushStreams() int64 {
+	return atomic.LoadInt64(&c.stream.opened)
 }
 
 // unary runs one call with the client's deadline, translating its error.

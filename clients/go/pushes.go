@@ -1,6 +1,7 @@
 package busmq
 
-// Pushes made while a push call is under way go together in the next call (PushMany),
+// Without a push stream (push_stream.go): pushes made while a push call is under way go
+// together in the next call (PushMany),
 // with no added delay: one call at a time per client, each push still answered on its
 // own (its ids, or its own error). A gateway spends about a millisecond of CPU per call
 // whatever it carries, so single-message pushes at a high rate would otherwise saturate it.
@@ -12,6 +13,7 @@ import (
 
 	pb "busmq.dev/go/gen/busmq/v1"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 )
 
 // PushMany's bounds: at most 10,000 pushes holding at most 10,000 messages.
@@ -38,8 +40,15 @@ type pushCoalescer struct {
 	calls   int64
 }
 
-// push sends request in the next call and waits for its outcome (or ctx).
+// push stores request over the client's push stream, else (a gateway without one, or a
+// large push) in the next call, and waits for its outcome (or ctx).
 func (p *pushCoalescer) push(ctx context.Context, request *pb.PushRequest) ([]uint64, error) {
+	if proto.Size(request) <= maxStreamedBytes {
+		ids, err := p.client.stream.push(ctx, request)
+		if err != errNoPushStream {
+			return ids, err
+		}
+	}
 	pending := &pendingPush{request: request, done: make(chan pushResult, 1)}
 	p.mu.Lock()
 	p.waiting = append(p.waiting, pending)

@@ -119,8 +119,9 @@ func Text(text string) Message {
 
 // PushBatch pushes messages atomically and in order and returns their ids. It carries a
 // generated request id and is retried with it while the gateway is unavailable (until
-// ctx ends), so it is stored once. Pushes made while a push call is under way go
-// together in the next call (PushMany), each answered on its own.
+// ctx ends), so it is stored once. Pushes go over the client's one PushStream (a
+// gateway without it gets calls: pushes made while one is under way share the next),
+// each answered on its own.
 func (q *Queue) PushBatch(ctx context.Context, messages []Message) ([]uint64, error) {
 	request := &pb.PushRequest{Queue: q.Name, RequestId: newRequestID()}
 	for _, m := range messages {
