@@ -9,6 +9,7 @@ import { ChannelEnd, type ChannelRoles } from "./channel.js";
 import { ChannelService } from "./gen/busmq/v1/channel_service_pb.js";
 import { QueueService } from "./gen/busmq/v1/queue_service_pb.js";
 import { RequestService } from "./gen/busmq/v1/request_service_pb.js";
+import { PushStreamer } from "./push_stream.js";
 import { PushCoalescer } from "./pushes.js";
 import { QueueHandle } from "./queue.js";
 import { ServiceHandle } from "./service.js";
@@ -38,8 +39,11 @@ export class BusClient {
   readonly queues: Client<typeof QueueService>;
   readonly requests: Client<typeof RequestService>;
   readonly channels: Client<typeof ChannelService>;
-  /** Pushes made while a push call is under way go together in the next one. */
+  /** Pushes go over `stream`; without it, pushes made while a push call is under way go
+   * together in the next one. */
   readonly pushes: PushCoalescer;
+  /** The client's PushStream. */
+  readonly stream: PushStreamer;
   private readonly handles = new Set<QueueHandle>();
 
   constructor(options: BusClientOptions) {
@@ -76,6 +80,7 @@ export class BusClient {
     this.requests = createClient(RequestService, transport);
     this.channels = createClient(ChannelService, transport);
     this.pushes = new PushCoalescer(this);
+    this.stream = new PushStreamer(this);
   }
 
   /** A handle on queue `name` (attach it to create it). */
@@ -110,6 +115,7 @@ export class BusClient {
     const handles = [...this.handles];
     this.handles.clear();
     await Promise.allSettled(handles.map((h) => h.close()));
+    this.stream.close();
   }
 
   async [Symbol.asyncDispose](): Promise<void> {

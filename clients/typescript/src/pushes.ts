@@ -1,4 +1,6 @@
-// Pushes made while a push call is under way go together in the next call (PushMany), with
+// Pushes go over the client's PushStream (push_stream.ts). Without one (a gateway that
+// predates it, or a push too large for it): pushes made while a push call is under way
+// go together in the next call (PushMany), with
 // no added delay: one call at a time per client, each push still answered on its own (its
 // ids, or its own error). A gateway spends about a millisecond of CPU per call whatever it
 // carries, so single-message pushes at a high rate would otherwise saturate it.
@@ -7,6 +9,7 @@ import type { MessageInitShape } from "@bufbuild/protobuf";
 import { ConnectError } from "@connectrpc/connect";
 import type { BusClient } from "./client.js";
 import { toBusError } from "./errors.js";
+import { NO_PUSH_STREAM } from "./push_stream.js";
 import type { PushRequestSchema } from "./gen/busmq/v1/queue_service_pb.js";
 import type { Status } from "./gen/google/rpc/status_pb.js";
 
@@ -21,6 +24,9 @@ interface Waiting {
 // PushMany's bounds: at most 10,000 pushes holding at most 10,000 messages.
 const MAX_PUSHES = 10_000;
 const MAX_MESSAGES = 10_000;
+// Larger pushes go by calls: one over the gateway's gRPC message limit would end the
+// whole stream, where a call fails alone.
+const MAX_STREAMED_BYTES = 1024 * 1024;
 
 export class PushCoalescer {
   /** Calls made (Push or PushMany), for figures and tests. */
@@ -30,8 +36,17 @@ export class PushCoalescer {
 
   constructor(private readonly client: BusClient) {}
 
-  /** Push `request` in the next call; resolves with its ids. */
-  push(request: PushInit): Promise<bigint[]> {
+  /** Push `request` over the push stream, else in the next call; resolves with its ids. */
+  async push(request: PushInit): Promise<bigint[]> {
+    if (payloadBytes(request) <= MAX_STREAMED_BYTES) {
+      try {
+        return await this.client.stream.push(request);
+      } catch (error) {
+        if (error !== NO_PUSH_STREAM) {
+          throw error;
+        }
+      }
+    }
     return new Promise((resolve, reject) => {
       this.waiting.push({ request, resolve, reject });
       if (!this.sending) {
@@ -91,8 +106,12 @@ export class PushCoalescer {
   }
 }
 
-/** The typed error of one push's google.rpc.Status in a PushMany reply. */
-function statusError(status: Status | undefined) {
+function payloadBytes(request: PushInit): number {
+  return (request.messages ?? []).reduce((total, m) => total + (m.payload?.length ?? 0), 0);
+}
+
+/** The typed error of one push's google.rpc.Status (in a PushMany or PushStream reply). */
+export function statusError(status: Status | undefined) {
   const details = (status?.details ?? []).map((any) => ({
     type: any.typeUrl.slice(any.typeUrl.lastIndexOf("/") + 1),
     value: any.value,

@@ -90,20 +90,21 @@ describe("queues through a live gateway", () => {
     await assert.rejects(client.queue("ts-never-attached").push("x"), NotFoundError);
   });
 
-  test("pushes made while a call is under way go together, each answered on its own", async () => {
+  test("pushes go over one stream, each answered on its own; a large one by a call", async () => {
     const { client } = live();
     const queue = client.queue("ts-coalesced");
     await queue.attach();
-    // The first push goes out at once; the next four wait for it and share one PushMany.
     const calls = client.pushes.calls;
+    const streams = client.stream.opened;
     const outcomes = await Promise.allSettled([
       queue.push("first"),
       queue.push("second"),
       client.queue("ts-not-attached").push("refused"),
-      queue.push(new Uint8Array(2 * 1024 * 1024)),
+      queue.push(new Uint8Array(2 * 1024 * 1024)), // too large for the stream: a call
       queue.push("third"),
     ]);
-    assert.equal(client.pushes.calls - calls, 2);
+    assert.equal(client.pushes.calls - calls, 1);
+    assert.ok(client.stream.opened - streams <= 1);
     const values = outcomes.map((o) => (o.status === "fulfilled" ? o.value : o.reason));
     assert.deepEqual(values.filter((v) => typeof v === "bigint"), [1n, 2n, 3n]);
     assert.ok(values[2] instanceof NotFoundError, String(values[2]));
