@@ -6,6 +6,7 @@ lost or stored twice. (``test_push_stream.py`` has the pushes over a stream.)"""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 import grpc
@@ -120,12 +121,11 @@ async def test_each_push_of_a_coalesced_call_gets_its_own_result_or_error(
     assert present.outbox_depth == capped.outbox_depth == absent.outbox_depth == 0
 
 
-async def test_a_cut_during_coalesced_pushes_sends_them_to_the_outbox_losing_nothing(
-    dc_a: DatacenterA, dc_b: Bus, call_counter: CallCounter
-) -> None:
-    remotes = await federated(dc_a, dc_b, QUEUES)
+async def push_across_a_cut(dc_a: DatacenterA, remotes: list[FederatedQueue]) -> None:
+    """1,000 pushes by 50 producer tasks while the link is cut and restored: some go
+    direct, some through the outbox; in the end each is stored once, every queue's ids
+    without gaps, each task's pushes in order, each direct push under its own id."""
     link = remotes[0].link
-    call_counter.install(link)
     results: dict[bytes, int | None] = {}
     producers = asyncio.gather(
         *(push_in_turn(remotes[task % 5], task, 20, results) for task in range(50))
@@ -137,9 +137,6 @@ async def test_a_cut_during_coalesced_pushes_sends_them_to_the_outbox_losing_not
     await dc_a.proxy.restore()
     await producers
     await eventually(lambda: link.outbox_depth == 0, timeout=30, what="outbox drained")
-    calls = call_counter.calls
-    assert calls["PushMany"] > 0
-    assert calls["Push"] + calls["PushMany"] < 250, calls  # direct and forwarded alike
     direct = [p for p, i in results.items() if i is not None]
     assert direct and len(direct) < 1000  # some went direct, some through the outbox
     everything: list[bytes] = []
@@ -151,6 +148,17 @@ async def test_a_cut_during_coalesced_pushes_sends_them_to_the_outbox_losing_not
         assert all(results[p] in (None, i) for i, p in messages)
         everything += [p for _, p in messages]
     assert len(everything) == 1000 and set(everything) == set(results)  # once each
+
+
+async def test_a_cut_during_coalesced_pushes_sends_them_to_the_outbox_losing_nothing(
+    dc_a: DatacenterA, dc_b: Bus, call_counter: CallCounter
+) -> None:
+    remotes = await federated(dc_a, dc_b, QUEUES)
+    call_counter.install(remotes[0].link)
+    await push_across_a_cut(dc_a, remotes)
+    calls = call_counter.calls
+    assert calls["PushMany"] > 0
+    assert calls["Push"] + calls["PushMany"] < 250, calls  # direct and forwarded alike
 
 
 async def test_a_push_whose_caller_gives_up_while_it_waits_is_never_sent(
@@ -210,20 +218,9 @@ async def test_the_outbox_forwards_a_queue_in_push_many_calls_in_order_past_a_fu
     assert call_counter.calls["PushMany"] >= 2 and call_counter.calls["Push"] == 0
 
 
-@pytest.fixture
-async def gateway_without_push_many(
-    dc_a: DatacenterA, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[Gateway]:
-    """An in-process gateway on A's Redis that answers PushMany as one built before
-    it existed does (``UNIMPLEMENTED``)."""
-
-    async def unimplemented(
-        self: QueueService, request: pb.PushManyRequest, context: grpc.aio.ServicerContext
-    ) -> pb.PushManyResponse:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
-        raise AssertionError("abort raises")
-
-    monkeypatch.setattr(QueueService, "PushMany", unimplemented)
+@contextlib.asynccontextmanager
+async def gateway_on(dc_a: DatacenterA) -> AsyncIterator[Gateway]:
+    """An in-process gateway on A's Redis (for a test that changes a servicer first)."""
     settings = GatewaySettings(
         listen="127.0.0.1:0", secrets=(SECRET,), bus=fast_settings([dc_a.redis.url])
     )
@@ -235,13 +232,30 @@ async def gateway_without_push_many(
         await gateway.stop()
 
 
-async def test_a_gateway_without_push_many_gets_single_pushes_from_then_on(
-    dc_a: DatacenterA,
-    make_b: MakeB,
-    gateway_without_push_many: Gateway,
-    call_counter: CallCounter,
-) -> None:
-    url = f"http://127.0.0.1:{gateway_without_push_many.port}"
+@pytest.fixture
+async def gateway_without_push_many(
+    dc_a: DatacenterA, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Gateway]:
+    """A gateway that answers PushMany as one built before it existed does
+    (``UNIMPLEMENTED``)."""
+
+    async def unimplemented(
+        self: QueueService, request: pb.PushManyRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PushManyResponse:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
+        raise AssertionError("abort raises")
+
+    monkeypatch.setattr(QueueService, "PushMany", unimplemented)
+    async with gateway_on(dc_a) as gateway:
+        yield gateway
+
+
+async def push_to_an_older_gateway(
+    dc_a: DatacenterA, make_b: MakeB, gateway: Gateway, call_counter: CallCounter
+) -> FederatedQueue:
+    """200 pushes by 20 producer tasks through ``gateway``, the calls counted: each
+    stored once under the id its caller got, each task's in order."""
+    url = f"http://127.0.0.1:{gateway.port}"
     bus = await make_b(target=FederationTarget(url, secret=SECRET))
     await dc_a.bus.queue("old-gateway").attach(ttl=120)
     remote = bus.federate("old-gateway", url)
@@ -249,9 +263,19 @@ async def test_a_gateway_without_push_many_gets_single_pushes_from_then_on(
     call_counter.install(remote.link)
     results: dict[bytes, int | None] = {}
     await asyncio.gather(*(push_in_turn(remote, task, 10, results) for task in range(20)))
-    assert call_counter.calls["PushMany"] == 1  # tried once, then remembered
-    assert not remote.link.pushes.push_many
-    assert call_counter.calls["Push"] >= 200
     messages = await stored(dc_a.bus, "old-gateway", 200)
     assert [i for i, _ in messages] == list(range(1, 201)) and in_task_order(messages)
     assert all(results[p] == i for i, p in messages)
+    return remote
+
+
+async def test_a_gateway_without_push_many_gets_single_pushes_from_then_on(
+    dc_a: DatacenterA,
+    make_b: MakeB,
+    gateway_without_push_many: Gateway,
+    call_counter: CallCounter,
+) -> None:
+    remote = await push_to_an_older_gateway(dc_a, make_b, gateway_without_push_many, call_counter)
+    assert call_counter.calls["PushMany"] == 1  # tried once, then remembered
+    assert not remote.link.pushes.push_many
+    assert call_counter.calls["Push"] >= 200
