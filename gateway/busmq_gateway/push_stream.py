@@ -8,8 +8,9 @@ and answered by its ``sequence``:
 * **Order.** A queue's pushes are stored one after the other, in the order read (a *lane*
   per queue, a task only while it has pushes); different queues' pushes run side by side,
   so that the shard connections pipeline them. Outcomes are written as they come.
-* **Bounds.** At most ``max_in_flight`` pushes are read and not yet answered; beyond that
-  no request is read, so HTTP/2 flow control holds the client back.
+* **Bounds.** At most ``max_in_flight`` pushes are read and their answers not yet taken
+  by grpc; beyond that no request is read, so HTTP/2 flow control holds back a client
+  that writes faster than it is answered, or reads no answers.
 * **Batching of answers.** Outcomes that complete while a response is being written go
   together in the next one.
 * **The drain.** A draining gateway reads no further request, answers every push it read,
@@ -78,6 +79,10 @@ class PushStreamSession:
                 if self._ready:
                     outcomes, self._ready = self._ready, []
                     yield pb.PushStreamResponse(outcomes=outcomes)
+                    # Slots come back once grpc took the response: a client that reads
+                    # no answers holds at most max_in_flight of them here.
+                    for _ in outcomes:
+                        self._room.release()
                 if not self._reading and not self._in_flight and not self._ready:
                     break
             if self._error is not None:
@@ -151,5 +156,4 @@ class PushStreamSession:
         outcome["sequence"] = sequence
         self._ready.append(outcome)
         self._in_flight -= 1
-        self._room.release()
         self._wake.set()

@@ -220,3 +220,26 @@ async def test_the_session_ends_draining_without_dropping_a_push_it_read() -> No
     assert caught.value.reason == "DRAINING"
     assert answered == stored == list(range(len(answered)))
     assert 300 <= len(answered) < 1000
+
+
+async def test_a_client_that_takes_no_answers_holds_at_most_max_in_flight() -> None:
+    read = 0
+
+    async def store(request: pb.PushRequest) -> PushResult:
+        return PushResult(ids=[1], duplicate=False)
+
+    async def requests() -> AsyncIterator[Any]:
+        nonlocal read
+        for sequence in range(100):
+            read += 1
+            yield push(sequence, "q", b"x")
+
+    responses = PushStreamSession(store, asyncio.Event(), max_in_flight=10).responses(requests())
+    first = await anext(responses)  # and not taken further: its slots are not back
+    for _ in range(50):
+        await asyncio.sleep(0)
+    assert read == 10
+    answered = {o.sequence for o in first.outcomes}
+    async for response in responses:
+        answered.update(o.sequence for o in response.outcomes)
+    assert answered == set(range(100))
