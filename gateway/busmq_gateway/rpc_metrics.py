@@ -88,7 +88,8 @@ class GatewayCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         active = GaugeMetricFamily(
-            "busmq_gateway_active_streams", "Open delivery and channel streams."
+            "busmq_gateway_active_streams",
+            "Open streams: deliveries, channels, services, browses and pushes.",
         )
         active.add_metric([], self.active_streams())
         yield active

@@ -53,7 +53,7 @@ class WorkerFigures:
         )
         self._active = Gauge(
             "busmq_gateway_active_streams",
-            "Open delivery and channel streams.",
+            "Open streams: deliveries, channels, services, browses and pushes.",
             multiprocess_mode="livesum",
             registry=None,
         )
