@@ -28,10 +28,19 @@ def free_port(offsets: tuple[int, ...] = (0,)) -> int:
     port is port + 10000)."""
     low = _ephemeral_low() - max(offsets)
     for _ in range(1000):
-        port = random.randrange(10_000, low)
-        if all(_bindable(port + offset) for offset in offsets):
+        port = _RANDOM.randrange(10_000, low)
+        taken = {port + offset for offset in offsets}
+        if not taken & _HANDED_OUT and all(_bindable(p) for p in taken):
+            _HANDED_OUT.update(taken)
             return port
     raise RuntimeError("no free loopback port below the ephemeral range")
+
+
+# Ports handed out are not handed out again in this process (several servers are often
+# given their ports before any of them binds), and the choice does not follow the global
+# random state, which a test (or hypothesis) may have seeded.
+_HANDED_OUT: set[int] = set()
+_RANDOM = random.Random()
 
 
 def _ephemeral_low() -> int:

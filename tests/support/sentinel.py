@@ -25,7 +25,27 @@ class SentinelProcess:
         self.quorum = quorum
         self.process: asyncio.subprocess.Process | None = None
 
-    async def start(self) -> None:
+    async def start(self, attempts: int = 3) -> None:
+        """Start and wait until it answers. A port taken between ``free_port`` and the
+        bind (another process of the machine) makes it exit: it is started again on
+        another port."""
+        for attempt in range(attempts):
+            if attempt:
+                self.port = free_port()
+            self.process = await asyncio.create_subprocess_exec(
+                redis_binary(),
+                str(self._write_conf()),
+                "--sentinel",
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL,
+            )
+            if await self._answers():
+                return
+            await self.stop()
+        log = (self.directory / "sentinel.log").read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"sentinel did not start in {attempts} attempts: {log}")
+
+    def _write_conf(self) -> Path:
         self.directory.mkdir(parents=True, exist_ok=True)
         conf = self.directory / "sentinel.conf"  # Sentinel rewrites it: a file of its own
         conf.write_text(
@@ -36,13 +56,23 @@ class SentinelProcess:
             f"sentinel failover-timeout {SERVICE} 3000\n"
             f"sentinel parallel-syncs {SERVICE} 1\n"
         )
-        self.process = await asyncio.create_subprocess_exec(
-            redis_binary(),
-            str(conf),
-            "--sentinel",
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL,
-        )
+        return conf
+
+    async def _answers(self, timeout: float = 10.0) -> bool:
+        """Whether it answers PING within ``timeout`` (False as soon as it exited)."""
+        assert self.process is not None
+        client = self.client()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        try:
+            while self.process.returncode is None and loop.time() < deadline:
+                with contextlib.suppress(Exception):
+                    if await client.ping():
+                        return True
+                await asyncio.sleep(0.01)
+            return False
+        finally:
+            await client.aclose()
 
     def client(self) -> aioredis.Redis:
         return aioredis.Redis(host="127.0.0.1", port=self.port, decode_responses=True)
