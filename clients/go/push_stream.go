@@ -71,10 +71,10 @@ func (p *pushStream) push(ctx context.Context, request *pb.PushRequest) ([]uint6
 	case result := <-done:
 		return result.ids, result.err
 	case <-timer.C:
-		p.end(s, &Error{Code: codes.DeadlineExceeded, Reason: "DEADLINE_EXCEEDED",
-			Message: "no answer on the push stream in time"})
-		return nil, &Error{Code: codes.DeadlineExceeded, Reason: "DEADLINE_EXCEEDED",
+		late := &Error{Code: codes.DeadlineExceeded, Reason: "DEADLINE_EXCEEDED",
 			Message: "no answer on the push stream in time"}
+		p.end(s, late)
+		return nil, late
 	case <-ctx.Done():
 		s.mu.Lock()
 		delete(s.waiting, sequence)

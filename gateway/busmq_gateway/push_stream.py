@@ -38,6 +38,17 @@ MAX_IN_FLIGHT = 1000
 Push = Callable[[pb.PushRequest], Awaitable[PushResult]]
 
 
+async def push_outcome(push: Push, request: pb.PushRequest, method: str) -> dict[str, Any]:
+    """One push stored, as the fields of its outcome (a ``PushOutcome`` of ``PushMany``
+    or a ``PushStreamOutcome``): ``result``, or the ``error`` status ``Push`` would have
+    ended with."""
+    try:
+        result = await push(request)
+    except Exception as exc:
+        return {"error": failure_status(exc, method)}
+    return {"result": {"ids": result.ids, "duplicate": result.duplicate}}
+
+
 class Draining(RequestError):
     def __init__(self) -> None:
         super().__init__(
@@ -141,12 +152,7 @@ class PushStreamSession:
         try:
             while lane:
                 request = lane[0]
-                try:
-                    result = await self._push(request.push)
-                except Exception as exc:
-                    outcome: dict[str, Any] = {"error": failure_status(exc, "PushStream")}
-                else:
-                    outcome = {"result": {"ids": result.ids, "duplicate": result.duplicate}}
+                outcome = await push_outcome(self._push, request.push, "PushStream")
                 lane.popleft()
                 self._answer(request.sequence, outcome)
         finally:

@@ -43,13 +43,12 @@ from .errors import (
     NotFound,
     RequestError,
     error_status,
-    failure_status,
     rpc_errors,
     to_status,
     unary,
 )
 from .inventory_service import QueueInventory
-from .push_stream import PushStreamSession
+from .push_stream import PushStreamSession, push_outcome
 from .streaming import Beat, StreamCount, paced
 from .throttle import ThrottledLog
 
@@ -174,13 +173,8 @@ class QueueService(QueueInventory, pb_grpc.QueueServiceServicer):
             if failed:
                 outcomes[i] = {"error": error_status(_not_attempted(pushes[i].queue))}
                 continue
-            try:
-                result = await self._push(pushes[i])
-            except Exception as exc:
-                outcomes[i] = {"error": failure_status(exc, "PushMany")}
-                failed = stop_at_failure
-            else:
-                outcomes[i] = {"result": {"ids": result.ids, "duplicate": result.duplicate}}
+            outcomes[i] = await push_outcome(self._push, pushes[i], "PushMany")
+            failed = stop_at_failure and "error" in outcomes[i]
 
     async def PushStream(
         self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext

@@ -70,6 +70,22 @@ def _split(method: str) -> tuple[str, str]:
     return service, name
 
 
+ACTIVE_STREAMS = (
+    "busmq_gateway_active_streams",
+    "Open streams: deliveries, channels, services, browses and pushes.",
+)
+MALFORMED_REQUESTS = (
+    "busmq_gateway_malformed_requests",
+    "Requests refused as malformed since start.",
+)
+REFUSED = (
+    "busmq_gateway_refused",
+    "Calls refused by principal and reason (PERMISSION_DENIED, STREAM_LIMIT, ...).",
+)
+PRINCIPAL_STREAMS = ("busmq_gateway_principal_streams", "Open streams per principal.")
+"""Name and help of the gateway's own figures, shared with the workers' publication."""
+
+
 class GatewayCollector(Collector):
     """The gateway's own figures, read at scrape time in a single process: open streams
     (all, and per principal), malformed requests, and refusals per principal and reason.
@@ -87,28 +103,17 @@ class GatewayCollector(Collector):
         return []
 
     def collect(self) -> Iterator[Metric]:
-        active = GaugeMetricFamily(
-            "busmq_gateway_active_streams",
-            "Open streams: deliveries, channels, services, browses and pushes.",
-        )
+        active = GaugeMetricFamily(*ACTIVE_STREAMS)
         active.add_metric([], self.active_streams())
         yield active
-        malformed = GaugeMetricFamily(
-            "busmq_gateway_malformed_requests", "Requests refused as malformed since start."
-        )
+        malformed = GaugeMetricFamily(*MALFORMED_REQUESTS)
         malformed.add_metric([], self.malformed())
         yield malformed
-        refused = CounterMetricFamily(
-            "busmq_gateway_refused",
-            "Calls refused by principal and reason (PERMISSION_DENIED, STREAM_LIMIT, ...).",
-            labels=["principal", "reason"],
-        )
+        refused = CounterMetricFamily(*REFUSED, labels=["principal", "reason"])
         for (name, reason), count in sorted(self.access.refusals.totals.items()):
             refused.add_metric([name, reason], count)
         yield refused
-        streams = GaugeMetricFamily(
-            "busmq_gateway_principal_streams", "Open streams per principal.", labels=["principal"]
-        )
+        streams = GaugeMetricFamily(*PRINCIPAL_STREAMS, labels=["principal"])
         for principal in self.access.principals:
             streams.add_metric([principal.name], self.access.streams_of(principal.name))
         yield streams

@@ -29,6 +29,8 @@ from prometheus_client import Counter, Gauge
 from busmq.metrics import CLIENT_HELP
 from busmq.stats import KINDS
 
+from .rpc_metrics import ACTIVE_STREAMS, MALFORMED_REQUESTS, PRINCIPAL_STREAMS, REFUSED
+
 if TYPE_CHECKING:
     from .server import Gateway
 
@@ -45,31 +47,12 @@ class WorkerFigures:
             kind: Counter(f"busmq_client_{kind}", CLIENT_HELP[kind], ["queue"], registry=None)
             for kind in KINDS
         }
-        self._refused = Counter(
-            "busmq_gateway_refused",
-            "Calls refused by principal and reason (PERMISSION_DENIED, STREAM_LIMIT, ...).",
-            ["principal", "reason"],
-            registry=None,
-        )
-        self._active = Gauge(
-            "busmq_gateway_active_streams",
-            "Open streams: deliveries, channels, services, browses and pushes.",
-            multiprocess_mode="livesum",
-            registry=None,
-        )
+        self._refused = Counter(*REFUSED, ["principal", "reason"], registry=None)
+        self._active = Gauge(*ACTIVE_STREAMS, multiprocess_mode="livesum", registry=None)
         self._principal_streams = Gauge(
-            "busmq_gateway_principal_streams",
-            "Open streams per principal.",
-            ["principal"],
-            multiprocess_mode="livesum",
-            registry=None,
+            *PRINCIPAL_STREAMS, ["principal"], multiprocess_mode="livesum", registry=None
         )
-        self._malformed = Gauge(
-            "busmq_gateway_malformed_requests",
-            "Requests refused as malformed since start.",
-            multiprocess_mode="sum",
-            registry=None,
-        )
+        self._malformed = Gauge(*MALFORMED_REQUESTS, multiprocess_mode="sum", registry=None)
         self._published: dict[tuple[str, ...], int] = {}
         self._task: asyncio.Task[None] | None = None
 

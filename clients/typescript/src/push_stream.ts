@@ -60,7 +60,6 @@ class OpenStream {
   readonly abort = new AbortController();
   readonly waiting = new Map<bigint, Waiting>();
   sequence = 0n;
-  ended: unknown;
 }
 
 export class PushStreamer {
@@ -103,8 +102,8 @@ export class PushStreamer {
   }
 
   private open(): OpenStream {
-    if (this.current !== undefined && this.current.ended === undefined) {
-      return this.current;
+    if (this.current !== undefined) {
+      return this.current; // an ended stream is no longer the current one
     }
     const stream = new OpenStream();
     this.current = stream;
@@ -150,9 +149,6 @@ export class PushStreamer {
 
   /** End `stream`: every push still waiting on it fails with `error`. */
   private end(stream: OpenStream, error: unknown): void {
-    if (stream.ended === undefined) {
-      stream.ended = error;
-    }
     for (const waiting of stream.waiting.values()) {
       clearTimeout(waiting.timer);
       waiting.reject(error);

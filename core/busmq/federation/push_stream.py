@@ -58,7 +58,27 @@ class _Stream:
         self.waiting: dict[int, tuple[pb.PushRequest, asyncio.Future[pb.PushResponse]]] = {}
         self.outgoing: asyncio.Queue[pb.PushStreamRequest] = asyncio.Queue()
         self.tasks: list[asyncio.Task[None]] = []
-        self.ended = False
+
+
+def settle(
+    future: asyncio.Future[pb.PushResponse],
+    request: pb.PushRequest,
+    outcome: Any,
+    status_error: StatusError,
+) -> None:
+    """Resolve a push's ``future`` by its ``outcome`` (a ``PushOutcome`` of ``PushMany``
+    or a ``PushStreamOutcome``; None if the gateway gave none): the ``PushResponse``,
+    the mapped error, or :class:`AmbiguousPush` for a missing outcome (it may have been
+    stored). A future already done (its caller gave up) is left alone."""
+    if future.done():
+        return
+    kind = None if outcome is None else outcome.WhichOneof("outcome")
+    if kind == "result":
+        future.set_result(outcome.result)
+    elif kind == "error":
+        future.set_exception(status_error(request, outcome.error))
+    else:
+        future.set_exception(AmbiguousPush())
 
 
 class StreamedPushes:
@@ -108,8 +128,8 @@ class StreamedPushes:
 
     def _open(self) -> _Stream:
         stream = self._stream
-        if stream is not None and not stream.ended and stream.url == self._link.current_url:
-            return stream
+        if stream is not None and stream.url == self._link.current_url:
+            return stream  # (an ended stream is no longer the current one)
         if stream is not None:
             self._end(stream, AmbiguousPush())
         stream = self._stream = _Stream(self._link)
@@ -148,16 +168,9 @@ class StreamedPushes:
 
     def _settle(self, stream: _Stream, outcome: Any) -> None:
         entry = stream.waiting.pop(outcome.sequence, None)
-        if entry is None or entry[1].done():
-            return
-        request, future = entry
-        kind = outcome.WhichOneof("outcome")
-        if kind == "result":
-            future.set_result(outcome.result)
-        elif kind == "error":
-            future.set_exception(self._status_error(request, outcome.error))
-        else:  # an answer without an outcome: it may have been stored
-            future.set_exception(AmbiguousPush())
+        if entry is not None:
+            request, future = entry
+            settle(future, request, outcome, self._status_error)
 
     def _ended_with(self, stream: _Stream, exc: grpc.aio.AioRpcError) -> None:
         """The stream ended with a status. Only ``UNIMPLEMENTED`` and a refused
@@ -182,7 +195,6 @@ class StreamedPushes:
 
     def _end(self, stream: _Stream, error: BaseException) -> None:
         """End ``stream``: every push still waiting on it fails with ``error``."""
-        stream.ended = True
         waiting, stream.waiting = stream.waiting, {}
         for _, future in waiting.values():
             if not future.done():

@@ -44,7 +44,7 @@ import grpc
 from ..errors import BusError
 from ..v1 import queue_service_pb2 as pb
 from .errors import AMBIGUOUS, AmbiguousPush, from_rpc_error, from_status, status_code
-from .push_stream import StreamedPushes, StreamUnsupported
+from .push_stream import StreamedPushes, StreamUnsupported, settle
 
 if TYPE_CHECKING:
     from .link import Link
@@ -257,14 +257,8 @@ class PushCoalescer:
             return
         outcomes = response.outcomes
         for index, item in enumerate(batch):
-            outcome: Any = outcomes[index] if index < len(outcomes) else None
-            kind = None if outcome is None else outcome.WhichOneof("outcome")
-            if kind == "result":
-                _resolve(item.future, outcome.result)
-            elif kind == "error":
-                _fail(item.future, self._push_error(item.request, outcome.error))
-            else:  # a gateway that left a push unanswered: it may have stored it
-                _fail(item.future, AmbiguousPush())
+            outcome = outcomes[index] if index < len(outcomes) else None
+            settle(item.future, item.request, outcome, self._push_error)
 
     async def _call_failed(self, batch: list[_Waiting], exc: grpc.aio.AioRpcError) -> None:
         code = exc.code()
