@@ -11,7 +11,7 @@ from typing import Any
 import grpc
 import pytest
 
-from busmq import Bus, QueueFullError, QueueNotFoundError
+from busmq import Bus
 from busmq_gateway import Gateway
 from busmq_gateway.queue_service import QueueService
 from tests.federation.conftest import CallCounter, DatacenterA, MakeB
@@ -19,53 +19,25 @@ from tests.federation.test_push_coalescing import (
     QUEUES,
     federated,
     gateway_on,
-    in_task_order,
     push_across_a_cut,
-    push_in_turn,
     push_to_an_older_gateway,
-    stored,
+    pushes_with_their_own_outcomes,
+    thousand_concurrent_pushes,
 )
 
 
 async def test_a_thousand_concurrent_pushes_go_over_one_stream_keeping_ids_and_order(
     dc_a: DatacenterA, dc_b: Bus, call_counter: CallCounter
 ) -> None:
-    remotes = await federated(dc_a, dc_b, QUEUES)
-    call_counter.install(remotes[0].link)
-    results: dict[bytes, int | None] = {}
-    await asyncio.gather(
-        *(push_in_turn(remotes[task % 5], task, 10, results) for task in range(100))
-    )
+    await thousand_concurrent_pushes(dc_a, dc_b, call_counter)
     assert call_counter.calls == {"PushStream": 1}
-    assert None not in results.values()  # every push went direct: none to the outbox
-    for index, name in enumerate(QUEUES):
-        messages = await stored(dc_a.bus, name, 200)
-        assert [i for i, _ in messages] == list(range(1, 201))
-        assert all(results[payload] == i for i, payload in messages)
-        assert {int(p.split(b"-")[0]) % 5 for _, p in messages} == {index}
-        assert in_task_order(messages)
-    assert sum(r.pushed for r in remotes) == 1000
 
 
 async def test_each_push_over_the_stream_gets_its_own_result_or_error(
     dc_a: DatacenterA, dc_b: Bus, call_counter: CallCounter
 ) -> None:
-    await dc_a.bus.queue("capped").attach(ttl=120, max_backlog=5)
-    present, capped = await federated(dc_a, dc_b, ["present", "capped"])
-    absent = dc_b.federate("absent", dc_a.url)
-    call_counter.install(present.link)
-    pushes = [present.push(b"p%d" % i) for i in range(20)]
-    pushes += [absent.push(b"a%d" % i) for i in range(5)]
-    pushes += [capped.push(b"c%d" % i) for i in range(10)]
-    outcomes = await asyncio.gather(*pushes, return_exceptions=True)
+    await pushes_with_their_own_outcomes(dc_a, dc_b, call_counter)
     assert call_counter.calls == {"PushStream": 1}
-    assert sorted(o for o in outcomes[:20] if isinstance(o, int)) == list(range(1, 21))
-    for error in outcomes[20:25]:
-        assert isinstance(error, QueueNotFoundError) and error.queue == "absent"
-    capped_ids = [o for o in outcomes[25:] if isinstance(o, int)]
-    full = [o for o in outcomes[25:] if isinstance(o, QueueFullError)]
-    assert sorted(capped_ids) == [1, 2, 3, 4, 5] and len(full) == 5
-    assert present.outbox_depth == capped.outbox_depth == absent.outbox_depth == 0
 
 
 async def test_a_cut_during_streamed_pushes_sends_them_to_the_outbox_losing_nothing(
