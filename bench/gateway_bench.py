@@ -15,6 +15,7 @@ process, and stops both at the end.
     .venv/bin/python bench/gateway_bench.py               # 20 s per run
     .venv/bin/python bench/gateway_bench.py --seconds 8 --rounds 3   # medians
     .venv/bin/python bench/gateway_bench.py --pin     # the gateway on a core of its own
+    .venv/bin/python bench/gateway_bench.py --gateway-loop uvloop --workers 1
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ from busmq.v1 import queue_service_pb2_grpc, types_pb2
 
 SECRET = "bench-secret-0123456789"
 AUTH = (("authorization", f"Bearer {SECRET}"),)
+UVLOOP_GATEWAY = (
+    "import asyncio, sys, uvloop; asyncio.set_event_loop_policy(uvloop.EventLoopPolicy());"
+    " from busmq_gateway.__main__ import main; main(sys.argv[1:])"
+)
 
 
 # -- the two transports ---------------------------------------------------------------
@@ -250,12 +255,14 @@ async def _cancel(tasks: list[asyncio.Task[Any]]) -> None:
 
 
 async def start_gateway(
-    redis_url: str, workers: int = 1, cpus: set[int] | None = None
+    redis_url: str, workers: int = 1, cpus: set[int] | None = None, loop: str = "asyncio"
 ) -> tuple[asyncio.subprocess.Process, str]:
     port = free_port()
     pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+    # uvloop for the gateway (one worker): its policy set before the gateway's main.
+    start = ["-m", "busmq_gateway"] if loop == "asyncio" else ["-c", UVLOOP_GATEWAY]
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "busmq_gateway",
+        sys.executable, *start,
         "--listen", f"127.0.0.1:{port}", "--secret", SECRET, "--redis-url", redis_url,
         "--log-level", "warning", "--workers", str(workers), "--http-listen", "off",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, preexec_fn=pin,
@@ -294,7 +301,9 @@ def report(rows: list[Figures]) -> None:
 async def with_workers(args: argparse.Namespace, redis_url: str, workers: int) -> list[Figures]:
     """The flood and the fixed-rate run through a gateway of ``workers`` processes, with
     unary pushes and over push streams."""
-    gateway, target = await start_gateway(redis_url, workers, args.gateway_cpus)
+    gateway, target = await start_gateway(
+        redis_url, workers, args.gateway_cpus, args.gateway_loop or args.loop
+    )
     rows: list[Figures] = []
     try:
         for streamed in (False, True):
@@ -365,6 +374,8 @@ async def main(args: argparse.Namespace) -> None:
             print(f"{row.label}: {ratio:.2f}x direct")
         else:
             print(f"{row.label}: p50 {row.p50_ms:.2f} ms, p99 {row.p99_ms:.2f} ms")
+    gateway_loop = args.gateway_loop or args.loop
+    print(f"event loops: this process {args.loop}, gateway {gateway_loop}")
     print(f"cpus: {os.cpu_count()}, load average at the end: {os.getloadavg()[0]:.2f}")
 
 
@@ -386,6 +397,15 @@ def parse() -> argparse.Namespace:
     )
     parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds (medians)")
     parser.add_argument(
+        "--loop",
+        choices=("asyncio", "uvloop"),
+        default="asyncio",
+        help="the event loop of this process (direct core and clients) and of the gateway",
+    )
+    parser.add_argument(
+        "--gateway-loop", choices=("asyncio", "uvloop"), help="the gateway's, if not --loop"
+    )
+    parser.add_argument(
         "--pin",
         action="store_true",
         help="run the gateway on a core of its own (latency; floods not comparable)",
@@ -394,4 +414,10 @@ def parse() -> argparse.Namespace:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(parse()))
+    arguments = parse()
+    if arguments.loop == "uvloop":
+        import uvloop
+
+        uvloop.run(main(arguments))
+    else:
+        asyncio.run(main(arguments))

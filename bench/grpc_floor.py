@@ -8,6 +8,7 @@ core of its own and this client on the others.
 
     .venv/bin/python bench/grpc_floor.py                  # 1,000 calls/s for 5 s each
     .venv/bin/python bench/grpc_floor.py --rate 500 --pin
+    .venv/bin/python bench/grpc_floor.py --loop uvloop    # both sides on uvloop
 """
 
 from __future__ import annotations
@@ -109,10 +110,16 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--size", type=int, default=32)
     parser.add_argument("--pin", action="store_true")
+    parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    run: Any = asyncio.run
+    if args.loop == "uvloop":
+        import uvloop
+
+        run = uvloop.run
     if args.serve:
-        asyncio.run(serve(args.serve))
+        run(serve(args.serve))
         return
     port = free_port()
     cpus = sorted(os.sched_getaffinity(0))
@@ -121,14 +128,14 @@ def main() -> None:
         pin = lambda: os.sched_setaffinity(0, {cpus[-1]})  # noqa: E731
         os.sched_setaffinity(0, set(cpus[:-1]))
     server = subprocess.Popen(
-        [sys.executable, __file__, "--serve", str(port)],
+        [sys.executable, __file__, "--serve", str(port), "--loop", args.loop],
         stdout=subprocess.PIPE,
         preexec_fn=pin,
     )
     try:
         assert server.stdout is not None
         server.stdout.readline()  # "ready"
-        asyncio.run(measure(port, psutil.Process(server.pid), args))
+        run(measure(port, psutil.Process(server.pid), args))
     finally:
         server.terminate()
         server.wait()

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
 import warnings
@@ -8,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import uvloop
 
 from busmq import Bus, BusSettings
 from tests.support.redis_server import RedisServer
@@ -15,6 +17,17 @@ from tests.support.redis_server import RedisServer
 # Gateway processes started by tests (and the README recipes they run) get their HTTP
 # listener on a free port, not the default 8444 that two of them would share.
 os.environ.setdefault("BUSMQ_GATEWAY_HTTP_LISTEN", "127.0.0.1:0")
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> dict[str, Callable[[], Any]] | None:
+    """Modules marked ``also_on_uvloop`` run on asyncio's loop and again on uvloop's,
+    the loop many asyncio applications run on (uvicorn's default)."""
+    if item.get_closest_marker("also_on_uvloop") is None:
+        return None
+    return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+
 
 FAST = {
     "lease_seconds": 3.0,

@@ -37,7 +37,7 @@ import asyncio
 import collections
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import hiredis
 import redis.exceptions as rex
@@ -100,8 +100,8 @@ class RespProtocol(asyncio.Protocol):
     # -- asyncio.Protocol --------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # A stream transport (uvloop's do not subclass asyncio.Transport).
+        self._transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         reader = self._reader

@@ -15,6 +15,8 @@ from busmq.message import Delivery
 from tests.support.processes import HelperProcess
 from tests.support.waiting import eventually
 
+pytestmark = pytest.mark.also_on_uvloop  # the same tests on uvloop's event loop
+
 
 async def next_event(events: Subscription[Event], kind: str, timeout: float = 10.0) -> Event:
     """The next event of ``kind`` (earlier events of other kinds are skipped)."""

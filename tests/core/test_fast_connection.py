@@ -28,6 +28,8 @@ from tests.support.certs import make_pki
 from tests.support.redis_server import RedisServer, Tls
 from tests.support.waiting import eventually
 
+pytestmark = pytest.mark.also_on_uvloop  # the same tests on uvloop's event loop
+
 MakeBus = Callable[..., Awaitable[Bus]]
 NO_TICK = 60.0  # block_seconds: the notifier's tick never fires within a test
 PROMPT = 5.0  # seconds within which a notified consumer must have its message

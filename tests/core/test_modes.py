@@ -22,6 +22,8 @@ from busmq.consumer import Consumer
 from tests.support.redis_server import RedisServer
 from tests.support.waiting import eventually
 
+pytestmark = pytest.mark.also_on_uvloop  # the same tests on uvloop's event loop
+
 
 async def _take(consumer: Consumer, n: int) -> list[Delivery]:
     taken = []

@@ -33,6 +33,8 @@ from tests.support.gateway_process import GatewayProcess
 from tests.support.redis_server import RedisServer
 from tests.support.waiting import eventually
 
+pytestmark = pytest.mark.also_on_uvloop  # the same tests on uvloop's event loop
+
 
 async def test_a_federated_queue_pushes_consumes_and_inspects_like_a_local_one(
     dc_a: DatacenterA, dc_b: Bus

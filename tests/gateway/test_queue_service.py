@@ -19,6 +19,8 @@ from busmq.v1 import types_pb2
 from busmq_gateway.errors import MAX_METADATA_IDS, error_metadata, to_status
 from tests.gateway.conftest import AUTH, GatewayUnderTest, error_info
 
+pytestmark = pytest.mark.also_on_uvloop  # the same tests on uvloop's event loop
+
 DETAILS_KEY = "grpc-status-details-bin"
 TEXT = types_pb2.PAYLOAD_KIND_TEXT
 JSON = types_pb2.PAYLOAD_KIND_JSON
