@@ -21,11 +21,11 @@ os.environ.setdefault("BUSMQ_GATEWAY_HTTP_LISTEN", "127.0.0.1:0")
 
 def pytest_asyncio_loop_factories(
     config: pytest.Config, item: pytest.Item
-) -> dict[str, Callable[[], Any]] | None:
-    """Modules marked ``also_on_uvloop`` run on asyncio's loop and again on uvloop's,
-    the loop many asyncio applications run on (uvicorn's default)."""
+) -> dict[str, Callable[[], Any]]:
+    """Asyncio's own loop; modules marked ``also_on_uvloop`` run again on uvloop's, the
+    loop many asyncio applications run on (uvicorn's default)."""
     if item.get_closest_marker("also_on_uvloop") is None:
-        return None
+        return {"asyncio": asyncio.new_event_loop}
     return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
 
 

@@ -38,9 +38,13 @@ Payload = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class EncodedMessage:
-    """A message ready to be stored: payload bytes, kind and encoded headers."""
+    """A message ready to be stored: payload bytes, kind and encoded headers.
+
+    Treated as immutable, but not ``frozen``: it is built per pushed message on the
+    gateway's and federation's paths, and a frozen dataclass's ``__init__`` costs three
+    times a plain one's (0.30 against 0.10 µs measured)."""
 
     payload: bytes
     kind: PayloadKind

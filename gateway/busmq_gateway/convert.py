@@ -33,34 +33,46 @@ def outgoing_to_core(message: types_pb2.OutgoingMessage, index: int | str) -> En
     """Validate an outgoing message and encode it for the core (no re-encoding of JSON).
 
     ``index`` is its position in ``messages``, or the name of the field holding it."""
-    where = f"messages[{index}]" if isinstance(index, int) else index
     kind = KIND_FROM_PROTO.get(message.kind)
     if kind is None:
-        raise RequestError(f"{where}: unknown payload kind {message.kind}")
-    payload = bytes(message.payload)
+        raise RequestError(f"{_where(index)}: unknown payload kind {message.kind}")
+    payload = message.payload
     if kind is not PayloadKind.BYTES:
-        try:
-            text = payload.decode("utf-8")
-            if kind is PayloadKind.JSON:
-                json.loads(text)
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise RequestError(
-                f"{where}: payload is not valid {kind.name.lower()}: {exc}",
-                reason="INVALID_MESSAGE",
-            ) from None
-    headers = b""
-    if message.headers:
-        if len(message.headers) > MAX_HEADERS:
-            raise RequestError(
-                f"{where}: at most {MAX_HEADERS} headers per message", reason="INVALID_MESSAGE"
-            )
-        if any(not key or len(key) > MAX_HEADER_NAME for key in message.headers):
-            raise RequestError(
-                f"{where}: header names must be 1-{MAX_HEADER_NAME} characters",
-                reason="INVALID_MESSAGE",
-            )
-        headers = json.dumps(dict(message.headers), separators=(",", ":")).encode()
-    return EncodedMessage(payload, kind, headers)
+        _check_text(payload, kind, index)
+    headers = message.headers
+    if not headers:  # the common case, built per pushed message: nothing more to do
+        return EncodedMessage(payload, kind, b"")
+    return EncodedMessage(payload, kind, _encoded_headers(headers, index))
+
+
+def _where(index: int | str) -> str:
+    return f"messages[{index}]" if isinstance(index, int) else index
+
+
+def _check_text(payload: bytes, kind: PayloadKind, index: int | str) -> None:
+    try:
+        text = payload.decode("utf-8")
+        if kind is PayloadKind.JSON:
+            json.loads(text)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise RequestError(
+            f"{_where(index)}: payload is not valid {kind.name.lower()}: {exc}",
+            reason="INVALID_MESSAGE",
+        ) from None
+
+
+def _encoded_headers(headers: Mapping[str, str], index: int | str) -> bytes:
+    if len(headers) > MAX_HEADERS:
+        raise RequestError(
+            f"{_where(index)}: at most {MAX_HEADERS} headers per message",
+            reason="INVALID_MESSAGE",
+        )
+    if any(not key or len(key) > MAX_HEADER_NAME for key in headers):
+        raise RequestError(
+            f"{_where(index)}: header names must be 1-{MAX_HEADER_NAME} characters",
+            reason="INVALID_MESSAGE",
+        )
+    return json.dumps(dict(headers), separators=(",", ":")).encode()
 
 
 def outgoing_batch(
