@@ -9,6 +9,7 @@ core of its own and this client on the others.
     .venv/bin/python bench/grpc_floor.py                  # 1,000 calls/s for 5 s each
     .venv/bin/python bench/grpc_floor.py --rate 500 --pin
     .venv/bin/python bench/grpc_floor.py --loop uvloop    # both sides on uvloop
+    .venv/bin/python bench/grpc_floor.py --server sync    # grpc's thread-pool server
 """
 
 from __future__ import annotations
@@ -43,6 +44,26 @@ async def _unary(request: bytes, context: Any) -> bytes:
 async def _bidi(requests: Any, context: Any) -> Any:
     async for request in requests:
         yield request
+
+
+def _bidi_sync(requests: Any, context: Any) -> Any:
+    yield from requests
+
+
+def serve_sync(port: int) -> None:
+    """grpc's thread-pool server: no event loop, a thread per call in progress."""
+    from concurrent import futures
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    handlers = {
+        "Unary": grpc.unary_unary_rpc_method_handler(lambda r, c: r, _same, _same),
+        "Stream": grpc.stream_stream_rpc_method_handler(_bidi_sync, _same, _same),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    print("ready", flush=True)
+    server.wait_for_termination()
 
 
 async def serve(port: int) -> None:
@@ -111,6 +132,9 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=32)
     parser.add_argument("--pin", action="store_true")
     parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
+    parser.add_argument(
+        "--server", choices=("aio", "sync"), default="aio", help="grpc.aio, or the thread pool"
+    )
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     run: Any = asyncio.run
@@ -118,6 +142,9 @@ def main() -> None:
         import uvloop
 
         run = uvloop.run
+    if args.serve and args.server == "sync":
+        serve_sync(args.serve)
+        return
     if args.serve:
         run(serve(args.serve))
         return
@@ -127,8 +154,9 @@ def main() -> None:
     if args.pin and len(cpus) > 1:
         pin = lambda: os.sched_setaffinity(0, {cpus[-1]})  # noqa: E731
         os.sched_setaffinity(0, set(cpus[:-1]))
+    server_args = ["--serve", str(port), "--loop", args.loop, "--server", args.server]
     server = subprocess.Popen(
-        [sys.executable, __file__, "--serve", str(port), "--loop", args.loop],
+        [sys.executable, __file__, *server_args],
         stdout=subprocess.PIPE,
         preexec_fn=pin,
     )
