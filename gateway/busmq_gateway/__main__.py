@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import gc
 import os
 import sys
 from collections.abc import Sequence
@@ -23,6 +24,13 @@ from busmq import BusSettings
 from . import logs, principals
 from .config import GatewaySettings, TlsSettings, read_secrets
 from .server import serve
+
+# A gateway allocates container objects per message (deliveries and their fields) that
+# die young. At CPython's default thresholds (700, 10, 10) the collector took about a
+# sixth of a flood's CPU (py-spy), most of it in full collections over the heap of
+# grpc, protobuf and the modules; at these, a PushStream flood through one worker went
+# from 0.52x to 0.63x of the direct core (bench/gateway_bench.py, docs/design.md).
+GC_THRESHOLDS = (10_000, 20, 100)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -106,6 +114,7 @@ def settings_from(args: argparse.Namespace) -> GatewaySettings:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    gc.set_threshold(*GC_THRESHOLDS)
     args = parse_args(argv)
     logs.configure(args.log_format, args.log_level)
     try:
