@@ -76,6 +76,33 @@ class _End:
     error: BaseException | None = None
 
 
+def check_consume_arguments(
+    mode: Mode,
+    *,
+    max: int | None,
+    from_id: int,
+    prefetch: int,
+    visibility_timeout: float,
+    max_deliveries: int | None,
+    retry_policy: RetryPolicy | None,
+) -> None:
+    """Raise ``ValueError`` for arguments no consumer accepts (local or federated)."""
+    if (max_deliveries is not None or retry_policy is not None) and (
+        mode is not Mode.AT_LEAST_ONCE
+    ):
+        raise ValueError("max_deliveries and retry_policy apply to at-least-once consumers")
+    if max_deliveries is not None and max_deliveries < 1:
+        raise ValueError(f"max_deliveries must be at least 1, got {max_deliveries}")
+    if max is not None and max < 1:
+        raise ValueError(f"max must be at least 1, got {max}")
+    if prefetch < 1:
+        raise ValueError(f"prefetch must be at least 1, got {prefetch}")
+    if visibility_timeout <= 0:
+        raise ValueError("visibility_timeout must be positive")
+    if from_id < LATEST:
+        raise ValueError(f"from_id must be a message id (>= 0) or LATEST, got {from_id}")
+
+
 class Consumer:
     """Iterate with ``async for delivery in consumer``; stop with :meth:`stop`.
 
@@ -98,20 +125,15 @@ class Consumer:
         max_deliveries: int | None = None,
         retry_policy: RetryPolicy | None = None,
     ) -> None:
-        if (max_deliveries is not None or retry_policy is not None) and (
-            mode is not Mode.AT_LEAST_ONCE
-        ):
-            raise ValueError("max_deliveries and retry_policy apply to at-least-once consumers")
-        if max_deliveries is not None and max_deliveries < 1:
-            raise ValueError(f"max_deliveries must be at least 1, got {max_deliveries}")
-        if max is not None and max < 1:
-            raise ValueError(f"max must be at least 1, got {max}")
-        if prefetch < 1:
-            raise ValueError(f"prefetch must be at least 1, got {prefetch}")
-        if visibility_timeout <= 0:
-            raise ValueError("visibility_timeout must be positive")
-        if from_id < LATEST:
-            raise ValueError(f"from_id must be a message id (>= 0) or LATEST, got {from_id}")
+        check_consume_arguments(
+            mode,
+            max=max,
+            from_id=from_id,
+            prefetch=prefetch,
+            visibility_timeout=visibility_timeout,
+            max_deliveries=max_deliveries,
+            retry_policy=retry_policy,
+        )
         self.queue = queue
         self.mode = mode
         self.max = max

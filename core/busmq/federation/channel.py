@@ -620,11 +620,8 @@ class FederatedChannel:
         if link.state is LinkState.CLOSED:
             raise BusClosedError(f"the link to {link.url} is closed")
         try:
-            return await getattr(link.stub(pb_grpc.ChannelServiceStub), method)(
-                request, metadata=link.metadata, timeout=link.operation_timeout
-            )
+            return await link.call(method, request, kind=pb_grpc.ChannelServiceStub)
         except grpc.aio.AioRpcError as exc:
-            link.report(exc)
             raise self._error(exc) from None
 
     def _error(self, exc: grpc.aio.AioRpcError) -> BusError:

@@ -278,6 +278,21 @@ class Link:
             stub = stubs[kind] = kind(self._channels[index])
         return stub
 
+    async def call(
+        self, method: str, request: Any, *, kind: type[Any] | None = None, wait: bool = False
+    ) -> Any:
+        """One unary call of service ``kind`` (see :meth:`stub`) with the link's
+        credentials and operation timeout; ``wait``: wait for a connected channel within
+        it (``wait_for_ready``) rather than fail fast. A failure is reported to the link
+        and raised as the ``grpc.aio.AioRpcError``, for the caller to map."""
+        try:
+            return await getattr(self.stub(kind), method)(
+                request, metadata=self.metadata, timeout=self.operation_timeout, wait_for_ready=wait
+            )
+        except grpc.aio.AioRpcError as exc:
+            self.report(exc)
+            raise
+
     def _options(self) -> list[tuple[str, Any]]:
         target, settings = self.target, self.settings
         backoff_ms = int(settings.reconnect_backoff_initial * 1000)

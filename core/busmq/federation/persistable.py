@@ -152,13 +152,9 @@ class GatewayStore:
         # The link's state, not the manager's ``closed``: that is set before the objects
         # are released.
         await link.require_usable()
-        stub = link.stub(pb_grpc.PersistableServiceStub)
         try:
-            return await getattr(stub, method)(
-                request, metadata=link.metadata, timeout=link.operation_timeout
-            )
+            return await link.call(method, request, kind=pb_grpc.PersistableServiceStub)
         except grpc.aio.AioRpcError as exc:
-            link.report(exc)
             if (
                 missing_ok
                 and exc.code() is grpc.StatusCode.NOT_FOUND

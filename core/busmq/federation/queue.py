@@ -469,14 +469,8 @@ class FederatedQueue:
         if link.state is LinkState.CLOSED:
             raise BusClosedError(f"the link to {link.url} is closed")
         try:
-            return await getattr(link.stub(), method)(
-                request,
-                metadata=link.metadata,
-                timeout=link.operation_timeout,
-                wait_for_ready=True,
-            )
+            return await link.call(method, request, wait=True)
         except grpc.aio.AioRpcError as exc:
-            link.report(exc)
             if raw:
                 raise
             raise self._error(exc) from None
