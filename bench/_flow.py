@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import struct
 import time
 from array import array
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 STAMP = struct.Struct("<q")  # send time (perf_counter_ns) at the head of each payload
@@ -20,6 +22,7 @@ class Figures:
     consumed: int = 0
     p50_ms: float = float("nan")
     p99_ms: float = float("nan")
+    p999_ms: float = float("nan")
     outboxed: int = 0  # pushes that went through an outbox (federation)
 
     @property
@@ -70,6 +73,7 @@ class Lanes:
             consumed=sum(self.consumed) - start_consumed,
             p50_ms=percentile(self.latencies, 0.5),
             p99_ms=percentile(self.latencies, 0.99),
+            p999_ms=percentile(self.latencies, 0.999),
         )
 
     def stop(self) -> None:
@@ -86,6 +90,21 @@ async def settle(inflight: set[asyncio.Task[Any]], lanes: Lanes, sent: int) -> N
     deadline = time.perf_counter() + 2
     while sum(lanes.consumed) < sent and time.perf_counter() < deadline:  # noqa: ASYNC110 - a deadline, not an event
         await asyncio.sleep(0.01)
+
+
+def write_json(path: Path, rows: list[Figures]) -> None:
+    """The rows as ``bench/ab.py`` reads them: a label and named figures each."""
+    payload = [
+        {
+            "label": row.label,
+            "consumed/s": row.consumed_per_s,
+            "p50 ms": row.p50_ms,
+            "p99 ms": row.p99_ms,
+            "p99.9 ms": row.p999_ms,
+        }
+        for row in rows
+    ]
+    path.write_text(json.dumps({"rows": payload}, indent=2))
 
 
 def payloads(count: int, size: int) -> list[bytes]:

@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -59,11 +60,17 @@ from _redis import (  # bench/ is sys.path[0]
     local_redis,
     machine_busy_seconds,
 )
-from busmq import Bus, BusError, BusSettings, Consumer, Durability, Mode, Queue
+from busmq import Bus, BusError, BusSettings, Consumer, Mode, Queue
+
+try:  # absent from revisions older than durability levels (bench/ab.py runs those too)
+    from busmq import Durability
+except ImportError:  # pragma: no cover
+    Durability = None  # type: ignore[assignment,misc]
 
 STAMP = struct.Struct("<qq")  # send time (perf_counter_ns), per-queue sequence number
 SCENARIOS = ("amo", "alo", "rate")
-IMPLS = ("busmq", "baseline")
+IMPLS = ("busmq", "baseline", "node")
+NODE_DIR = Path(__file__).resolve().parent / "node"  # the Node.js busmq (npm ci there)
 TITLES = {
     "amo": "at-most-once flood",
     "alo": "at-least-once flood",
@@ -96,6 +103,7 @@ class Config:
     bus_settings: tuple[tuple[str, float], ...]
     durability: str = "async"
     name_prefix: str = "bench"  # queue names: <prefix>-<scenario>-<i>
+    request_ids: bool = False  # busmq: every push carries a fresh request id
 
 
 @dataclass(slots=True)
@@ -480,7 +488,7 @@ async def run_busmq(config: Config, server: RedisTarget, scenario: str) -> Resul
         ]
         start = asyncio.get_running_loop().time()
         for lane, queue in zip(run.lanes, queues, strict=True):
-            push = queue.push_batch
+            push = _with_request_ids(queue) if config.request_ids else queue.push_batch
             coro = (
                 paced_producer(run, lane, push, start)
                 if scenario == "rate"
@@ -569,6 +577,18 @@ async def stream_consume(
             take(lane, fields[b"p"])
 
 
+def _with_request_ids(queue: Queue) -> Push:
+    """``queue.push_batch`` with a fresh request id per push, as an automatic one would
+    be: what deduplication costs (a ``SET ... PX`` per push in Redis, the id here)."""
+    prefix = os.urandom(8).hex()
+    numbers = itertools.count()
+
+    async def push(payloads: list[bytes]) -> Any:
+        return await queue.push_batch(payloads, request_id=f"{prefix}-{next(numbers)}")
+
+    return push
+
+
 def _list_push(client: aioredis.Redis, key: str) -> Push:
     async def push(payloads: list[bytes]) -> Any:
         return await client.rpush(key, *payloads)
@@ -586,6 +606,53 @@ def _stream_push(client: aioredis.Redis, key: str) -> Push:
         return await pipe.execute()
 
     return push
+
+
+async def run_node(config: Config, server: LocalRedis, scenario: str) -> Result:
+    """The fixed-rate run on the Node.js busmq (``bench/node/rate.js``, reliable mode: every
+    message acked), against the same Redis; its figures come from that process."""
+    result = Result("node", scenario)
+    if scenario != "rate":
+        result.notes.append("node busmq: fixed-rate run only")
+        return result
+    if not (NODE_DIR / "node_modules" / "busmq").is_dir():
+        result.notes.append("node busmq not installed: (cd bench/node && npm ci)")
+        return result
+    command = [
+        "node", str(NODE_DIR / "rate.js"), "--redis", server.url,
+        "--queues", str(config.queues), "--rate", str(config.rate),
+        "--seconds", str(config.seconds), "--warmup", str(config.warmup),
+        "--size", str(config.size),
+    ]  # fmt: skip
+    process = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.PIPE)
+    assert process.stdout is not None
+    rcpu0 = busy0 = 0.0
+    figures: dict[str, float] = {}
+    async for raw in process.stdout:
+        line = raw.decode().strip()
+        if line == "measuring":
+            rcpu0, busy0 = server.cpu_seconds(), machine_busy_seconds()
+        elif line.startswith("{"):
+            figures = json.loads(line)
+            seconds = figures["seconds"]
+            result.redis_cpu = (server.cpu_seconds() - rcpu0) / seconds
+            busy = (machine_busy_seconds() - busy0) / seconds
+            result.other_cpu = max(0.0, busy - result.redis_cpu - figures["client_cpu"])
+    await process.wait()
+    if not figures:
+        result.notes.append(f"node busmq failed (exit {process.returncode})")
+        return result
+    result.seconds = figures["seconds"]
+    result.consumed = int(figures["consumed"])
+    result.pushed = result.consumed
+    result.pushed_per_s = result.consumed_per_s = figures["consumed"] / figures["seconds"]
+    result.p50_ms, result.p99_ms = figures["p50_ms"], figures["p99_ms"]
+    result.p999_ms = figures["p999_ms"]
+    result.client_cpu, result.client_sys_share = figures["client_cpu"], figures["client_sys_share"]
+    result.samples = result.consumed
+    result.drained = True
+    result.notes.append("node busmq 3.1.0, reliable mode (one EVALSHA per pop, ack per message)")
+    return result
 
 
 async def run_baseline(config: Config, server: LocalRedis, scenario: str) -> Result:
@@ -722,24 +789,36 @@ def report(config: Config, results: list[Result]) -> str:
         f"rate: {config.rate:,.0f} msg/s single pushes",
         "",
     ]
-    header = f"{'scenario':<27}{'metric':<20}{'busmq':>12}{'baseline':>12}{'ratio':>9}  target"
+    with_node = any(r.impl == "node" and r.samples for r in results)
+    header = f"{'scenario':<27}{'metric':<20}{'busmq':>12}{'baseline':>12}{'ratio':>9}"
+    if with_node:
+        header += f"{'node busmq':>12}{'ratio':>9}"
+    header += "  target"
     lines += [header, "-" * len(header)]
     scenarios = dict.fromkeys(r.scenario for r in results)
     for scenario in scenarios:
         mine, base = by_key.get(("busmq", scenario)), by_key.get(("baseline", scenario))
+        node = by_key.get(("node", scenario))
         title = TITLES[scenario]
         rows = ROWS if scenario != "rate" else [*ROWS, ("pace lag p99 ms", _lag, 3, False)]
         for metric, get, digits, comparable in rows:
             a = get(mine) if mine else math.nan
             b = get(base) if base else math.nan
             target = _target(scenario, metric, mine) if mine else ""
-            lines.append(
+            line = (
                 f"{title:<27}{metric:<20}{_fmt(a, digits):>12}{_fmt(b, digits):>12}"
-                f"{_ratio(a, b) if comparable else '':>9}  {target}"
+                f"{_ratio(a, b) if comparable else '':>9}"
             )
+            if with_node:
+                n = get(node) if node and node.samples else math.nan
+                line += f"{_fmt(n, digits):>12}{_ratio(a, n) if comparable else '':>9}"
+            lines.append(f"{line}  {target}")
             title = ""
-        for r in (mine, base):
+        for r in (mine, base, node):
             if r is None:
+                continue
+            if r.impl == "node":
+                lines += [f"{'':<27}{'node busmq':<20} {note}" for note in r.notes]
                 continue
             lines.append(
                 f"{'':<27}{r.impl + ' checks':<20} flat={'yes' if r.backlog_flat else 'NO'}"
@@ -776,6 +855,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--ack-every", type=int, default=0, help="alo ack batch (0: = prefetch)")
     p.add_argument("--amo-baseline", choices=("list", "stream"), default="list")
     p.add_argument("--drain-timeout", type=float, default=30.0)
+    p.add_argument(
+        "--request-ids", action="store_true", help="busmq: a fresh request id on every push"
+    )
     p.add_argument(
         "--max-connections",
         type=int,
@@ -834,6 +916,7 @@ async def main_async(args: argparse.Namespace) -> list[Result]:
         drain_timeout=args.drain_timeout,
         max_connections=args.max_connections,
         bus_settings=tuple(_setting(item) for item in args.bus_setting),
+        request_ids=args.request_ids,
     )
     results: list[Result] = []
     with local_redis() as server:
@@ -844,7 +927,7 @@ async def main_async(args: argparse.Namespace) -> list[Result]:
                     other = await wait_quiet(0.15, args.quiet_wait)
                     print(f"  other load {other:.2f} cores", file=sys.stderr)
                 print(f"running {impl} {scenario} ...", file=sys.stderr, flush=True)
-                runner = run_busmq if impl == "busmq" else run_baseline
+                runner = {"busmq": run_busmq, "baseline": run_baseline, "node": run_node}[impl]
                 result = await runner(config, server, scenario)
                 results.append(result)
                 if args.json:  # after every run, so a crash or hang loses nothing

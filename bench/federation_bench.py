@@ -39,7 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from _flow import Figures, Lanes, payloads, percentile, settle  # bench/ is sys.path[0]
+from _flow import Figures, Lanes, payloads, percentile, settle, write_json  # bench/ is sys.path[0]
 from _redis import free_port, local_redis
 from busmq import Bus, BusSettings, Mode, Queue
 from busmq.federation import FederatedQueue, FederationSettings, FederationTarget
@@ -138,6 +138,7 @@ async def fixed_rate(
         consumed=sum(lanes.consumed),
         p50_ms=percentile(lanes.latencies, 0.5),
         p99_ms=percentile(lanes.latencies, 0.99),
+        p999_ms=percentile(lanes.latencies, 0.999),
         outboxed=outboxed,
     )
     await drained(queues)
@@ -299,6 +300,8 @@ async def main(args: argparse.Namespace) -> None:
             gateway.send_signal(signal.SIGTERM)
             await gateway.wait()
     report(rows)
+    if args.json:
+        write_json(args.json, rows)
     fed, core = rows[0], rows[1]
     ratio = fed.consumed_per_s / core.consumed_per_s if core.consumed_per_s else float("nan")
     print(f"\nfederated / direct core (consumed/s): {ratio:.2f}")
@@ -326,6 +329,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--pool", type=int, default=2)
     parser.add_argument("--low-rate", type=float, default=500.0)
     parser.add_argument("--outbox-messages", type=int, default=20_000)
+    parser.add_argument("--json", type=Path, help="also write the figures here (bench/ab.py)")
     return parser.parse_args()
 
 

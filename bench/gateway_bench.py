@@ -27,12 +27,13 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import grpc
 import psutil
 
-from _flow import Figures, Lanes, payloads, percentile, settle  # bench/ is sys.path[0]
+from _flow import Figures, Lanes, payloads, percentile, settle, write_json  # bench/ is sys.path[0]
 from _redis import free_port, local_redis
 from busmq import Bus, BusSettings, Mode, Queue
 from busmq.v1 import queue_service_pb2 as pb
@@ -225,6 +226,7 @@ async def fixed_rate(
         consumed=sum(lanes.consumed),
         p50_ms=percentile(lanes.latencies, 0.5),
         p99_ms=percentile(lanes.latencies, 0.99),
+        p999_ms=percentile(lanes.latencies, 0.999),
     )
     await _cancel(consumers)
     return figures
@@ -255,9 +257,13 @@ async def _cancel(tasks: list[asyncio.Task[Any]]) -> None:
 
 
 async def start_gateway(
-    redis_url: str, workers: int = 1, cpus: set[int] | None = None, loop: str = "asyncio"
+    redis_url: str,
+    workers: int = 1,
+    cpus: set[int] | None = None,
+    loop: str = "asyncio",
+    port: int | None = None,
 ) -> tuple[asyncio.subprocess.Process, str]:
-    port = free_port()
+    port = port or free_port()
     pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
     # uvloop for the gateway (one worker): its policy set before the gateway's main.
     start = ["-m", "busmq_gateway"] if loop == "asyncio" else ["-c", UVLOOP_GATEWAY]
@@ -286,6 +292,7 @@ def median_row(rows: list[Figures]) -> Figures:
         consumed=int(median([r.consumed_per_s for r in rows]) * seconds),
         p50_ms=median([r.p50_ms for r in rows]),
         p99_ms=median([r.p99_ms for r in rows]),
+        p999_ms=median([r.p999_ms for r in rows]),
     )
 
 
@@ -316,7 +323,7 @@ async def with_workers(args: argparse.Namespace, redis_url: str, workers: int) -
                 await fixed_rate(remote, f"{args.rate:,.0f} msg/s {label}", args, tag + "r")
             )
             await remote.close()
-        if workers == 1:
+        if workers == 1 and args.idle_streams:
             before, after = await idle_streams_rss(target, gateway.pid, args.idle_streams)
             print(
                 f"gateway RSS: {before:.0f} MiB -> {after:.0f} MiB with {args.idle_streams} idle"
@@ -365,6 +372,8 @@ async def main(args: argparse.Namespace) -> None:
     if args.rounds > 1:
         print(f"\nmedians of {args.rounds} interleaved rounds (each column on its own)")
     report(rows)
+    if args.json:
+        write_json(args.json, rows)
     core_flood, core_rate = rows[0], rows[1]
     print(f"\ntargets: flood >= 0.6x direct; p99 <= 1 ms at {args.rate:,.0f} msg/s")
     print(f"direct: flood {core_flood.consumed_per_s:,.0f} msg/s, p99 {core_rate.p99_ms:.2f} ms")
@@ -396,6 +405,7 @@ def parse() -> argparse.Namespace:
         help="gateway process counts to measure, e.g. 1,2",
     )
     parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds (medians)")
+    parser.add_argument("--json", type=Path, help="also write the figures here (bench/ab.py)")
     parser.add_argument(
         "--loop",
         choices=("asyncio", "uvloop"),

@@ -5,7 +5,8 @@
 # With --check, fail if the committed code is stale.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=.venv/bin/python
+VENV="${VENV:-.venv}"
+PY="$VENV/bin/python"
 out=core
 if [ "${1:-}" = "--check" ]; then
   out=$(mktemp -d)
@@ -29,7 +30,7 @@ fi
 for client in clients/typescript clients/go; do
   if [ "${1:-}" = "--check" ]; then
     fresh=$(mktemp -d)
-    (cd "$client" && ../../.venv/bin/buf generate -o "$fresh")
+    (cd "$client" && "../../$VENV/bin/buf" generate -o "$fresh")
     gen=gen
     [ -d "$client/src/gen" ] && gen=src/gen
     if ! diff -r "$client/$gen" "$fresh/$gen" >/dev/null; then
@@ -40,6 +41,6 @@ for client in clients/typescript clients/go; do
     rm -rf "$fresh"
     echo "generated code of $client is fresh"
   else
-    (cd "$client" && ../../.venv/bin/buf generate)
+    (cd "$client" && "../../$VENV/bin/buf" generate)
   fi
 done

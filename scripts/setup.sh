@@ -41,18 +41,33 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
-PYTHON="${PYTHON:-python3}"
-if [ ! -x .venv/bin/python ]; then
-  echo "==> creating .venv with $($PYTHON --version)"
-  "$PYTHON" -m venv .venv
+# PYTHON=python3.11 (a command or a path) picks the interpreter, else Python 3.13 (Debian
+# stable's) where the machine has one, else python3; VENV=.venv-3.11 the virtualenv
+# (default .venv). Given PYTHON, a venv made with another version is made anew.
+VENV="${VENV:-.venv}"
+chosen="${PYTHON:-}"
+# shellcheck source=scripts/pythons.sh
+source scripts/pythons.sh
+PYTHON="${PYTHON:-$(find_python 3.13 || echo python3)}"
+want="$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+if [ -n "$chosen" ] && [ -x "$VENV/bin/python" ]; then
+  have="$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+  if [ "$have" != "$want" ]; then
+    echo "==> $VENV has Python $have, $PYTHON is $want: making it anew"
+    rm -rf "$VENV"
+  fi
 fi
-.venv/bin/python -m pip install -q --upgrade pip
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "==> creating $VENV with $("$PYTHON" --version)"
+  "$PYTHON" -m venv "$VENV"
+fi
+"$VENV/bin/python" -m pip install -q --upgrade pip
 if $dev; then
-  echo "==> installing busmq with its dev and test tools into .venv"
-  .venv/bin/python -m pip install -q -e '.[dev]'
+  echo "==> installing busmq with its dev and test tools into $VENV"
+  "$VENV/bin/python" -m pip install -q -e '.[dev]'
   echo "==> installing the TypeScript client's packages (npm ci)"
   (cd clients/typescript && npm ci --no-audit --no-fund --loglevel=error)
 else
-  echo "==> installing busmq into .venv"
-  .venv/bin/python -m pip install -q -e '.[tools]'
+  echo "==> installing busmq into $VENV"
+  "$VENV/bin/python" -m pip install -q -e '.[tools]'
 fi

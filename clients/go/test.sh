@@ -3,7 +3,7 @@
 # no module proxy is needed). Extra arguments go to `go test`.
 set -euo pipefail
 cd "$(dirname "$0")"
-export BUSMQ_GATEWAY_BIN="${BUSMQ_GATEWAY_BIN:-$(cd ../.. && pwd)/.venv/bin/busmq-gateway}"
+export BUSMQ_GATEWAY_BIN="${BUSMQ_GATEWAY_BIN:-$(cd ../.. && pwd)/${VENV:-.venv}/bin/busmq-gateway}"
 gopath=$(mktemp -d)
 trap 'rm -rf "$gopath"' EXIT
 mkdir -p "$gopath/src/busmq.dev"

@@ -14,7 +14,8 @@ async with busmq.Bus(redis_urls=("redis://127.0.0.1:6379",)) as bus:
 from .bus import Bus, BusState
 from .channel import Channel
 from .channel_protocol import ChannelState
-from .consumer import LATEST, Consumer, Mode
+from .consumer import Consumer
+from .consuming import LATEST, Mode
 from .controls import QueueInfo, RateLimit, RetryPolicy
 from .durability import Durability
 from .embedded import EmbeddedRedis

@@ -16,7 +16,12 @@ class AckBatcher:
         self._queue = queue
         self._flush_fn = flush
         self._waiting: dict[int, list[asyncio.Future[None]]] = {}
+        self._sending: dict[int, list[asyncio.Future[None]]] = {}
         self._task: asyncio.Task[None] | None = None
+
+    def __contains__(self, message_id: int) -> bool:
+        """Whether an ack of ``message_id`` is waiting or on its way."""
+        return message_id in self._waiting or message_id in self._sending
 
     async def ack(self, message_id: int) -> None:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -33,14 +38,17 @@ class AckBatcher:
         await asyncio.sleep(0)  # let acks made in this tick join the batch
         waiting, self._waiting = self._waiting, {}
         self._task = None
+        self._sending = waiting
         try:
             unknown = set(await self._flush_fn(list(waiting)))
         except BaseException as exc:
+            self._sending = {}
             for futures in waiting.values():
                 for future in futures:
                     if not future.done():
                         future.set_exception(exc)
             return
+        self._sending = {}
         for message_id, futures in waiting.items():
             for future in futures:
                 if future.done():

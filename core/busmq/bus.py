@@ -135,6 +135,8 @@ class Bus:
         if self._renewer is not None:
             self._renewer.cancel()
             await asyncio.gather(self._renewer, return_exceptions=True)
+        for shard in self.shards:
+            shard.closing = True
         try:
             for queue in tuple(self.attached):
                 try:

@@ -33,7 +33,8 @@ from .channel_protocol import (
     check_headers,
     validate_role,
 )
-from .consumer import Consumer, Mode
+from .consumer import Consumer
+from .consuming import Mode
 from .errors import (
     BusError,
     ChannelEndedError,

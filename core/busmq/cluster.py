@@ -47,7 +47,7 @@ from .confirmed import ConfirmedWrites
 from .errors import TopologyError
 from .keys import QueueKeys
 from .mux import Arg, Command, Endpoint, MuxClient
-from .notifier import Notifier
+from .notifier import Notifier, WakeUp, mark_recheck
 from .shard import CONNECTION_ERRORS, Redirect, Shard, _is_wrong_node
 from .topology import ClusterTarget, parse_cluster_url, ssl_kwargs
 
@@ -117,11 +117,13 @@ class ClusterNotifier:
             )
         return notifier
 
-    async def watch(self, queue: str) -> asyncio.Event:
+    async def watch(self, queue: str) -> WakeUp:
         channel = QueueKeys(queue).notify_channel.encode()
         address = self._homes.get(channel) or self._shard.node_of(channel)
         self._homes[channel] = address
-        return await self._notifier(address).adopt(channel, asyncio.Event())
+        wake = WakeUp()
+        await self._notifier(address).adopt(channel, wake)
+        return wake
 
     def node_watching(self, queue: str) -> tuple[str, int] | None:
         """The node on which ``queue``'s wake-ups are watched, if they are."""
@@ -150,7 +152,7 @@ class ClusterNotifier:
             self._homes[channel] = owner
             for event in events:
                 await self._notifier(owner).adopt(channel, event)
-                event.set()  # publications may have gone unseen meanwhile: read once
+            mark_recheck(events)  # publications may have gone unseen meanwhile: read once
 
     async def close(self) -> None:
         await asyncio.gather(*(n.close() for n in self._notifiers.values()))
@@ -165,6 +167,10 @@ class ClusterShard(Shard):
         self.redirects: collections.Counter[str] = collections.Counter()
         """Hot-path commands the cluster redirected, by kind (MOVED, ASK, TRYAGAIN, ...)."""
         super().__init__(url, *args, **kwargs)
+        # redis-py's cluster nodes raise MaxConnectionsError beyond max_connections
+        # (a standalone shard's blocking pool queues the call): queue them here, so a
+        # burst of attaches or consumer starts waits its turn instead of failing.
+        self._client_calls = asyncio.Semaphore(self._settings.max_connections)
         self.cluster_notifier = ClusterNotifier(self)
         self.notifier = self.cluster_notifier
 
@@ -285,11 +291,12 @@ class ClusterShard(Shard):
         await self.cluster_notifier.follow_slots()
 
     async def _drop_idle_connections(self) -> None:
+        # Marked, not closed here: redis-py closes a marked connection as it next takes
+        # or frees it. Closing a free one from here races a call taking it meanwhile,
+        # which then writes to a closed transport (TypeError on CPython 3.12+).
         for node in self.client.get_nodes():
-            try:
-                await node.disconnect_free_connections()
-            except Exception as exc:  # closing a dead socket; must not stop the monitor
-                log.debug("dropping stale connections of %s: %s", node.name, exc)
+            for connection in node._connections:
+                connection.mark_for_reconnect()
 
     async def _close_client(self) -> None:
         await asyncio.gather(*(node.aclose() for node in self._nodes.values()))

@@ -16,22 +16,32 @@ reader waits for a wake-up from the shard's :class:`~busmq.notifier.Notifier`.
 
 The read script of the destructive modes also applies the processing controls (pause,
 rate limits, due retries and delayed messages, expiry; see :mod:`busmq.controls`) and
-says how long until something is due, which bounds the consumer's idle wait.
+says how long until something is due, which bounds the consumer's idle wait. It also
+says when none of that applies to the queue; the consumer then reads with a plain
+``XREADGROUP`` (the *lean* read: no script, so Redis does not copy each entry into Lua
+and back) until the notifier marks its wake-up ``recheck``: a control changed, a delayed
+push or a retry was scheduled (a ``c`` publication) or the notifier resubscribed; and
+at least every few seconds regardless (``_LEAN_SECONDS``, jittered), in case a change
+went unannounced. A queue without controls so pays nothing for them; a change reaches a
+consumer after at most the one read it had in flight.
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
+import contextlib
 import itertools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+import random
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import redis.exceptions as rex
 
+from . import consumer_group
 from .acks import AckBatcher
+from .consuming import LATEST, Mode, check_consume_arguments, handle_each, wait_for_wakeup
 from .controls import RetryPolicy, Settlement, settle
 from .errors import (
     BusClosedError,
@@ -43,8 +53,10 @@ from .errors import (
     UnknownMessageError,
 )
 from .events import Event
-from .message import Delivery, decode_entry, decode_raw, int_to_stream_id, stream_entries
+from .keys import CONSUMER_GROUP
+from .message import Delivery, decode_raw, int_to_stream_id, stream_entries
 from .mux import MuxClient
+from .notifier import WakeUp
 
 if TYPE_CHECKING:
     from .queue import Queue
@@ -52,55 +64,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class Mode(enum.Enum):
-    """How a consumer takes messages from a queue."""
-
-    AT_MOST_ONCE = "at_most_once"
-    AT_LEAST_ONCE = "at_least_once"
-    REPLAY = "replay"
-
-    @property
-    def family(self) -> str:
-        """``destructive`` modes share a queue; ``replay`` readers share a queue."""
-        return "replay" if self is Mode.REPLAY else "destructive"
-
-
-LATEST = -1
-"""``from_id`` for replay: only messages pushed after the consumer starts."""
-
-_FORGET_CONSUMER_MS = 3_600_000
+_GROUP = CONSUMER_GROUP.encode()
+_LEAN_SECONDS = 5.0  # longest run of lean reads between two full ones
+_ORIGINAL_ID = b"i"  # the field of a delayed message stored after later ones
 
 
 @dataclass(frozen=True)
 class _End:
     error: BaseException | None = None
-
-
-def check_consume_arguments(
-    mode: Mode,
-    *,
-    max: int | None,
-    from_id: int,
-    prefetch: int,
-    visibility_timeout: float,
-    max_deliveries: int | None,
-    retry_policy: RetryPolicy | None,
-) -> None:
-    """Raise ``ValueError`` for arguments no consumer accepts (local or federated)."""
-    if (max_deliveries is not None or retry_policy is not None) and (
-        mode is not Mode.AT_LEAST_ONCE
-    ):
-        raise ValueError("max_deliveries and retry_policy apply to at-least-once consumers")
-    if max_deliveries is not None and max_deliveries < 1:
-        raise ValueError(f"max_deliveries must be at least 1, got {max_deliveries}")
-    if max is not None and max < 1:
-        raise ValueError(f"max must be at least 1, got {max}")
-    if prefetch < 1:
-        raise ValueError(f"prefetch must be at least 1, got {prefetch}")
-    if visibility_timeout <= 0:
-        raise ValueError("visibility_timeout must be positive")
-    if from_id < LATEST:
-        raise ValueError(f"from_id must be a message id (>= 0) or LATEST, got {from_id}")
 
 
 class Consumer:
@@ -158,6 +129,10 @@ class Consumer:
         self._unbuffered: list[Delivery] = []  # read, not yet in the buffer
         self._cursor = "0-0"  # replay: the last stream id read
         self._due_in: float | None = None  # seconds until something is due (read script)
+        self._wake = WakeUp()  # the notifier's, once reading
+        self._pauses = 0  # the wake-up's pauses seen (see _give_back_read_ahead)
+        self._lean = False  # the last full read said no control applies (see the module)
+        self._lean_until = 0.0  # loop time after which the next read is a full one
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -191,29 +166,39 @@ class Consumer:
         nothing, call :meth:`stop` and finish the iteration instead (it drains).
         """
         self.stop()
-        leftovers = [d.id for d in self._batch[self._index :]]
         if self._reader is not None:
-            if self.mode is Mode.AT_MOST_ONCE:
-                # What a read in flight returns is already removed from Redis: let it
-                # finish (reads are bounded by the operation timeout) and count it.
-                await self._not_reading.wait()
+            # What a read or claim in flight returns is already this consumer's in Redis
+            # (at-most-once: removed): let it finish and give it back or count it with
+            # the rest; but not wait out an outage (at-least-once: it comes back after
+            # the visibility timeout).
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.queue._bus.settings.operation_timeout):
+                    await self._not_reading.wait()
             self._reader.cancel()
             await asyncio.gather(self._reader, return_exceptions=True)
-        leftovers.extend(d.id for d in self._unbuffered)
-        self._unbuffered = []
-        while not self._buffer.empty():
-            item = self._buffer.get_nowait()
-            if isinstance(item, list):
-                leftovers.extend(d.id for d in item)
-        self._batch, self._index = [], 0
+        leftovers, _ = self._take_read_ahead()
         self._finished = True
         self._buffer.put_nowait(_End())  # wakes an iteration blocked in another task
         await self._acks.drain()
+        if self.mode is Mode.AT_MOST_ONCE:
+            try:
+                await self.queue._send_deferred()  # what it read leaves the stream now
+            except BusError as exc:
+                log.debug("could not send the deletes of %s: %s", self.name, exc)
         await self._release(leftovers)
+        await self._leave_group()
         if self in self.queue._consumers:
             self.queue._consumers.discard(self)
             details = {"consumer": self.name}
             self.queue.events.emit(Event("stopped", self.queue.name, details=details))
+
+    async def _leave_group(self) -> None:
+        if self.mode is Mode.REPLAY or self._reader is None:
+            return  # replay reads without the group; never started: never joined
+        try:
+            await consumer_group.leave(self.queue, self.name)
+        except BusError as exc:  # an idle consumer is forgotten later (claim.lua)
+            log.debug("%s could not leave the group of %s: %s", self.name, self.queue.name, exc)
 
     async def _release(self, leftovers: list[int]) -> None:
         if self.mode is Mode.AT_LEAST_ONCE and leftovers:
@@ -239,6 +224,8 @@ class Consumer:
         return self
 
     async def __anext__(self) -> Delivery:
+        if self._wake.pauses != self._pauses:
+            await self._give_back_read_ahead()
         if self._index >= len(self._batch):
             await self._refill()
         delivery = self._batch[self._index]
@@ -253,6 +240,8 @@ class Consumer:
 
         For relays (such as the gateway) that move deliveries in bulk: one await per
         read instead of one per message. Mixing it with iteration is fine."""
+        if self._wake.pauses != self._pauses:
+            await self._give_back_read_ahead()
         if self._index >= len(self._batch):
             await self._refill()
         batch = self._batch[self._index :]
@@ -266,13 +255,52 @@ class Consumer:
             raise StopAsyncIteration
         if self._reader is None:
             await self.start()
-        item = await self._buffer.get()
+        item: list[Delivery] | _End = []
+        while not item:  # a batch given back while the reader was queueing it is empty
+            item = await self._buffer.get()
         if isinstance(item, _End):
             self._finished = True
             if item.error is not None:
                 raise item.error
             raise StopAsyncIteration
         self._batch, self._index = item, 0
+
+    async def _give_back_read_ahead(self) -> None:
+        """The queue was paused: give back what was fetched and not handed out (at-least-
+        once; at-most-once reads removed it from Redis, so it is handed out still)."""
+        self._pauses = self._wake.pauses
+        if self.mode is not Mode.AT_LEAST_ONCE:
+            return
+        ids, end = self._take_read_ahead()
+        if end is not None:
+            self._buffer.put_nowait(end)
+        if ids:
+            self._fetched -= len(ids)
+            await self._give_back(ids, "fetched before the queue paused")
+
+    def _take_read_ahead(self) -> tuple[list[int], _End | None]:
+        """The ids fetched and not handed out, in the order they were read (the current
+        batch's rest, the buffered batch, the batch the reader is queueing), taken out
+        of the consumer; and the end of the iteration if it was buffered."""
+        ids = [d.id for d in self._batch[self._index :]]
+        self._batch, self._index = [], 0
+        end: _End | None = None
+        while not self._buffer.empty():
+            item = self._buffer.get_nowait()
+            if isinstance(item, _End):
+                end = item
+            else:
+                ids.extend(d.id for d in item)
+        # The reader may be queueing this batch: emptied, it is skipped (see _refill).
+        ids.extend(d.id for d in self._unbuffered)
+        self._unbuffered.clear()
+        return ids, end
+
+    async def _give_back(self, ids: list[int], why: str) -> None:
+        try:
+            await self.nack(ids)
+        except BusError as exc:  # they come back after the visibility timeout instead
+            log.warning("could not give back %d deliveries %s: %s", len(ids), why, exc)
 
     async def run(self, handler: Callable[[Delivery], Awaitable[Any]]) -> None:
         """Call ``handler`` for every delivery until stopped. In at-least-once mode a
@@ -300,8 +328,8 @@ class Consumer:
         return acked
 
     async def nack(self, ids: Sequence[int]) -> None:
-        """Give deliveries back as they are (no failure counted, no retry delay): they
-        are redelivered at the next claim of any consumer."""
+        """Give deliveries back as they are (no failure counted, no retry delay): the
+        next read of any consumer redelivers them, ahead of messages stored after them."""
         await self.settle(ids, Settlement(release=True))
 
     async def release_pending(self) -> int:
@@ -309,13 +337,7 @@ class Consumer:
         acked), for prompt redelivery to any consumer; returns how many. For a consumer
         whose deliveries went to a process that is gone (e.g. a closed gRPC stream)."""
         self._require_acks()
-        released: int = await self.queue._run(
-            lambda c: self.queue._bus.scripts.call(
-                c, "release", [self.queue._keys.stream], [self.name]
-            ),
-            idempotent=True,
-        )
-        return released
+        return await consumer_group.release_pending(self.queue, self.name)
 
     def _require_acks(self) -> None:
         if self.mode is not Mode.AT_LEAST_ONCE:
@@ -356,7 +378,7 @@ class Consumer:
     async def _read_loop(self) -> None:
         shard = self.queue._shard
         assert shard is not None, "start() locates the queue"
-        wake = await shard.notifier.watch(self.queue.name)
+        wake = self._wake = await shard.notifier.watch(self.queue.name)
         backoff = 0.05
         end = _End()
         try:
@@ -367,6 +389,7 @@ class Consumer:
                     if count <= 0:
                         break
                 wake.clear()  # before reading, so a push during the read is not missed
+                pauses = wake.pauses
                 try:
                     batch = await self._claim_or_read(count)
                 except BusUnavailableError as exc:
@@ -378,6 +401,9 @@ class Consumer:
                     await self.queue._prepare_consumer(self.mode.family)
                     continue
                 backoff = 0.05
+                if batch and wake.pauses != pauses and self.mode is Mode.AT_LEAST_ONCE:
+                    await self._give_back([d.id for d in batch], "read as the queue paused")
+                    continue
                 if batch:
                     self._fetched += len(batch)
                     self.queue._bus.counters.delivered(self.queue.name, batch)
@@ -391,7 +417,7 @@ class Consumer:
                     idle = self._idle_seconds
                     if self._due_in is not None:
                         idle = min(idle, self._due_in)
-                    await _wait(wake, idle, shard.notifier.tick)
+                    await wait_for_wakeup(wake, idle, shard.notifier.tick)
         except Exception as exc:
             end = _End(exc)
         finally:
@@ -400,6 +426,14 @@ class Consumer:
         await self._buffer.put(end)
 
     async def _claim_or_read(self, count: int) -> list[Delivery]:
+        # close() waits for a read in flight rather than cancel it (see there).
+        self._not_reading.clear()
+        try:
+            return await self._claim_or_fetch(count)
+        finally:
+            self._not_reading.set()
+
+    async def _claim_or_fetch(self, count: int) -> list[Delivery]:
         """At-least-once: overdue deliveries first, every claim interval and again at once
         after a full claim (more may be overdue); otherwise new messages."""
         if self.mode is Mode.AT_LEAST_ONCE:
@@ -410,15 +444,7 @@ class Consumer:
                 self._next_claim = now if full else now + self._claim_interval
                 if claimed:
                     return claimed
-        return await self._read_batch(count)
-
-    async def _read_batch(self, count: int) -> list[Delivery]:
-        # close() waits for a read in flight rather than cancel it (see there).
-        self._not_reading.clear()
-        try:
-            return await self._fetch(count)
-        finally:
-            self._not_reading.set()
+        return await self._fetch(count)
 
     @property
     def _claim_interval(self) -> float:
@@ -435,18 +461,27 @@ class Consumer:
     async def _fetch(self, count: int) -> list[Delivery]:
         if self.mode is Mode.REPLAY:
             return await self._fetch_replay(count)
+        loop = asyncio.get_running_loop()
+        if self._lean and not self._wake.recheck and loop.time() < self._lean_until:
+            return await self._fetch_lean(count)
+        # Cleared before the read: a change announced while it runs marks it again.
+        self._wake.recheck = False
+        self._lean = False
         queue = self.queue
         noack = "1" if self.mode is Mode.AT_MOST_ONCE else "0"
         args: list[str | int] = [self.name, count, noack, queue.name]
         keys = queue._keys.with_dead_letters()
         try:
-            entries, retried, wait = await queue._run_fast(
+            entries, retried, wait, *lean = await queue._run_fast(
                 lambda m: queue._bus.scripts.call(m, "read", keys, args), idempotent=True
             )
         except RedisCommandError as exc:
             if str(exc).startswith("NOGROUP"):  # the stream is gone: check, recreate
                 raise _GroupMissing from None
             raise
+        self._lean = bool(lean and lean[0])
+        if self._lean:
+            self._lean_until = loop.time() + _LEAN_SECONDS * (0.5 + random.random() / 2)
         self._due_in = None if int(wait) < 0 else int(wait) / 1000
         settle: Callable[[int, bool], Awaitable[None]] | None = None
         control: Callable[[int, Settlement], Awaitable[None]] | None = None
@@ -460,6 +495,39 @@ class Consumer:
             Delivery(decode_raw(eid, fields), 1, settle, control) for eid, fields in entries
         )
         return deliveries
+
+    async def _fetch_lean(self, count: int) -> list[Delivery]:
+        """A plain ``XREADGROUP`` (see the module docstring). At-most-once deletes what it
+        read with the connection's next write (``MuxClient.defer``: no write of its own
+        under load, at most ``DEFER_SECONDS`` later when idle); a count or ``close()``
+        sends it first."""
+        queue = self.queue
+        keys = queue._keys
+        stream = keys.stream
+        noack = self.mode is Mode.AT_MOST_ONCE
+        read: tuple[Any, ...] = (b"XREADGROUP", b"GROUP", _GROUP, self.name, b"COUNT", count)
+        read += (b"NOACK", b"STREAMS", stream, b">") if noack else (b"STREAMS", stream, b">")
+
+        async def run(mux: MuxClient) -> list[Any]:
+            entries = stream_entries(await mux.execute(*read))
+            if noack and entries:
+                mux.defer(b"XDEL", stream, *[entry[0] for entry in entries])
+                originals = [_original_id(f) for _, f in entries if len(f) != 6]
+                if any(originals):  # promoted by another consumer's full read meanwhile
+                    mux.defer(b"HDEL", keys.alias, *[o for o in originals if o])
+            return entries
+
+        try:
+            entries = await queue._run_fast(run, idempotent=True)
+        except RedisCommandError as exc:
+            if str(exc).startswith("NOGROUP"):  # the stream is gone: check, recreate
+                raise _GroupMissing from None
+            raise
+        self._due_in = None
+        if noack:
+            return [Delivery(decode_raw(eid, fields), 1, None) for eid, fields in entries]
+        settle, control = self._settle, self._settle_other
+        return [Delivery(decode_raw(eid, fields), 1, settle, control) for eid, fields in entries]
 
     async def _fetch_replay(self, count: int) -> list[Delivery]:
         reply, has_due = await self.queue._run_fast(lambda m: self._read(m, count), idempotent=True)
@@ -497,58 +565,35 @@ class Consumer:
         return entries, bool(due)
 
     async def _claim(self, count: int) -> list[Delivery]:
-        queue = self.queue
-        min_idle = int(self.visibility_timeout * 1000)
-        max_deliveries = "" if self.max_deliveries is None else str(self.max_deliveries)
-        args: list[str | int] = [
-            self.name,
-            min_idle,
-            count,
-            _FORGET_CONSUMER_MS,
-            max_deliveries,
-            queue.name,
-        ]
-        flat: list[Any] = await queue._run_fast(
-            lambda c: queue._bus.scripts.call(c, "claim", queue._keys.with_dead_letters(), args),
-            idempotent=True,
+        taken = await consumer_group.claim(
+            self.queue, self.name, count, self.visibility_timeout, self.max_deliveries
         )
-        deliveries = []
-        for i in range(0, len(flat), 3):
-            entry_id, times, raw = flat[i], int(flat[i + 1]), flat[i + 2]
-            fields = dict(zip(raw[::2], raw[1::2], strict=True))
-            deliveries.append(
-                Delivery(decode_entry(entry_id, fields), times, self._settle, self._settle_other)
-            )
-        deliveries.sort(key=lambda d: d.id)
-        return deliveries
+        if taken:
+            # Its lease ran out while this consumer still holds it (fetched, not handed
+            # out yet; or its ack is on the way, held up by a failover): handing it out
+            # again would only process it twice. It stays pending, claimed afresh.
+            held = self._read_ahead_ids()
+            taken = [(m, n) for m, n in taken if m.id not in held and m.id not in self._acks]
+        settle, control = self._settle, self._settle_other
+        return [Delivery(message, times, settle, control) for message, times in taken]
+
+    def _read_ahead_ids(self) -> set[int]:
+        """The ids fetched and not handed out (left where they are)."""
+        ids = {d.id for d in self._batch[self._index :]}
+        ids.update(d.id for d in self._unbuffered)
+        items = [self._buffer.get_nowait() for _ in range(self._buffer.qsize())]
+        for item in items:
+            self._buffer.put_nowait(item)
+            if not isinstance(item, _End):
+                ids.update(d.id for d in item)
+        return ids
 
 
-async def handle_each(
-    deliveries: AsyncIterator[Delivery],
-    handler: Callable[[Delivery], Awaitable[Any]],
-    queue: str,
-) -> None:
-    """Call ``handler`` for each delivery; ack when it returns, nack when it raises (both
-    are no-ops outside at-least-once). Shared by local and federated consumers."""
-    async for delivery in deliveries:
-        try:
-            await handler(delivery)
-        except Exception:
-            log.exception("handler failed on %s #%d", queue, delivery.id)
-            await delivery.nack()
-        else:
-            await delivery.ack()
-
-
-async def _wait(event: asyncio.Event, timeout: float, tick: float) -> None:
-    if timeout >= tick:  # the notifier sets the event at least every tick: no timer
-        await event.wait()
-        return
-    try:
-        async with asyncio.timeout(timeout):
-            await event.wait()
-    except TimeoutError:
-        pass
+def _original_id(flat: Sequence[bytes]) -> bytes | None:
+    for i in range(0, len(flat), 2):
+        if flat[i] == _ORIGINAL_ID:
+            return flat[i + 1]
+    return None
 
 
 class _GroupMissing(Exception):

@@ -129,7 +129,8 @@ class QueueInfo:
     pending: int
     """At-least-once deliveries handed out and not yet acked."""
     delayed: int
-    """Messages and retries waiting for their due time."""
+    """Messages and retries waiting for their due time (a delivery given back at once
+    counts here until the next read takes it)."""
     dead_letters: int
     """Messages in the dead-letter queue."""
     last_id: int
@@ -210,6 +211,7 @@ async def set_controls(queue: Queue, **fields: str | None) -> None:
 
 
 async def read_info(queue: Queue) -> QueueInfo:
+    await queue._send_deferred()
     keys = queue._keys
     dead = QueueKeys(dead_letter_name(queue.name))
 
@@ -295,10 +297,22 @@ async def settle(
         op, delay = "retry", "0"
     limit = "" if max_deliveries is None else str(max_deliveries)
     args: list[str | int] = [op, queue.name, consumer, delay, limit, settlement.error or "", *ids]
-    unknown: list[bytes] = await queue._run(
-        lambda c: queue._bus.scripts.call(c, "settle", queue._keys.with_dead_letters(), args),
-        idempotent=False,
-    )
+    attempts = 0
+
+    async def run(client: aioredis.Redis) -> list[bytes]:
+        nonlocal attempts
+        attempts += 1
+        keys = queue._keys.with_dead_letters()
+        unknown: list[bytes] = await queue._bus.scripts.call(client, "settle", keys, args)
+        return unknown
+
+    # Safe to send again (through a failover): what the first attempt settled is no longer
+    # pending, so a second one leaves it alone.
+    unknown = await queue._run(run, idempotent=True)
+    if attempts > 1:  # an attempt whose reply was lost may have settled them
+        unknown = []
+    if op != "reject":
+        queue._read_in_full()  # what was parked here is due before what was stored after
     if op != "release":
         kind = "rejected" if op == "reject" else "retried"
         queue._bus.counters.add(kind, queue.name, len(ids) - len(unknown))

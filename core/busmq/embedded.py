@@ -30,6 +30,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from .errors import EmbeddedRedisError
+from .private import open_private, private_dir
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ class EmbeddedRedis:
 
     async def start(self, timeout: float = 10.0) -> None:
         binary = self.binary or find_redis_server()
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.data_dir)  # the AOF holds every message
         self._take_lock()
         self.socket_path = self._choose_socket_path()
         with contextlib.suppress(FileNotFoundError):
@@ -114,6 +115,7 @@ class EmbeddedRedis:
                 stdout=asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.DEVNULL,
                 preexec_fn=die_with_parent,
+                umask=0o077,  # its AOF, log and socket: the owner's only
             )
         except OSError as exc:
             self._release()
@@ -175,7 +177,8 @@ class EmbeddedRedis:
         return aioredis.Redis(unix_socket_path=self.socket_path, retry=Retry(NoBackoff(), 0))
 
     def _take_lock(self) -> None:
-        lock = open(self.data_dir / "busmq.lock", "w")  # noqa: SIM115 - held until stop()
+        # Not truncated before it is ours: the pid in it is another process's until then.
+        lock = open_private(self.data_dir / "busmq.lock", truncate=False)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -184,6 +187,7 @@ class EmbeddedRedis:
                 f"data directory {self.data_dir} is in use by another busmq process; "
                 "point BUSMQ_DATA_DIR elsewhere or connect to that process's Redis"
             ) from None
+        lock.truncate(0)
         lock.write(str(os.getpid()))
         lock.flush()
         self._lock = lock

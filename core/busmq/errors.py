@@ -181,12 +181,14 @@ class BusUnavailableError(BusError):
     """Redis could not be reached; ``shard`` names the deployment (password masked).
 
     For a push, the outcome is unknown when this is raised after the command was sent:
-    retry with the same ``request_id`` to make the retry idempotent.
+    retry with the same ``request_id`` to make the retry idempotent (``request_id`` is
+    set to it here, when the push had one).
     """
 
     def __init__(self, message: str, shard: str = "") -> None:
         super().__init__(f"{message} [{shard}]" if shard else message)
         self.shard = shard
+        self.request_id: str | None = None
 
 
 class BusTimeoutError(BusUnavailableError, TimeoutError):

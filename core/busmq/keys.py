@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property
 
 from .errors import InvalidNameError
 
@@ -74,65 +75,71 @@ class QueueKeys:
     """
 
     name: str
+    # Names are computed once per QueueKeys (a queue keeps one): a push or a read takes
+    # several, each an f-string over the hash tag.
 
-    @property
+    @cached_property
     def tag(self) -> str:
         base = placement_name(self.name)
         return f"{PREFIX}:{{{base}}}" + self.name[len(base) :]
 
-    @property
+    @cached_property
     def stream(self) -> str:
         return f"{self.tag}:s"
 
-    @property
+    @cached_property
     def info(self) -> str:
         return f"{self.tag}:i"
 
-    @property
+    @cached_property
     def meta(self) -> str:
         return f"{self.tag}:m"
 
-    @property
+    @cached_property
     def leases(self) -> str:
         return f"{self.tag}:l"
 
-    @property
+    @cached_property
     def dedupe_prefix(self) -> str:
         """Prefix of the per-``request_id`` keys that make pushes idempotent."""
         return f"{self.tag}:r:"
 
-    @property
+    @cached_property
     def notify_channel(self) -> str:
         """Pub/sub channel announcing new messages (see :mod:`busmq.notifier`)."""
         return f"{self.tag}:n"
 
-    @property
+    @cached_property
     def due(self) -> str:
         return f"{self.tag}:d"
 
-    @property
+    @cached_property
     def delayed(self) -> str:
         return f"{self.tag}:dm"
 
-    @property
+    @cached_property
     def alias(self) -> str:
         return f"{self.tag}:a"
 
-    @property
+    @cached_property
     def state(self) -> str:
         return f"{self.tag}:x"
 
-    @property
+    @cached_property
     def buckets(self) -> str:
         return f"{self.tag}:k"
 
-    @property
+    @cached_property
     def parked(self) -> str:
         return f"{self.tag}:w"
 
     def all(self) -> tuple[str, ...]:
         """The keys that expire together and are deleted together on close, in the order
         the scripts expect them."""
+        return self._all
+
+    @cached_property
+    def _all(self) -> tuple[str, ...]:
         return (
             self.info,
             self.stream,
@@ -146,9 +153,18 @@ class QueueKeys:
             self.parked,
         )
 
+    @cached_property
+    def ack_keys(self) -> tuple[str, ...]:
+        """The KEYS of ``ack.lua``."""
+        return (self.stream, self.alias, self.state, self.due, self.parked)
+
     def with_dead_letters(self) -> tuple[str, ...]:
         """:meth:`all`, then the dead-letter queue's keys: the KEYS of every script that
         may move a message to the dead letters."""
+        return self._with_dead_letters
+
+    @cached_property
+    def _with_dead_letters(self) -> tuple[str, ...]:
         return self.all() + QueueKeys(dead_letter_name(self.name)).all()
 
 

@@ -15,7 +15,7 @@ from types import MappingProxyType
 from typing import Any
 
 from .controls import Settlement, error_text
-from .errors import BusError, InvalidMessageError, MessageTooLargeError
+from .errors import BusError, InvalidMessageError, MessageTooLargeError, UnknownMessageError
 
 # Stream entry field names; short because they are stored once per message.
 F_PAYLOAD = b"p"
@@ -234,34 +234,50 @@ class Delivery:
     def redelivered(self) -> bool:
         return self.delivery_count > 1
 
-    async def ack(self) -> None:
-        """Acknowledge this delivery (at-least-once); raises ``UnknownMessageError`` if it
-        is no longer pending (already acked, or reclaimed and acked by another consumer)."""
-        if self._settle is not None:
-            await self._settle(self.message.id, True)
+    async def ack(self) -> bool:
+        """Acknowledge this delivery (at-least-once). Returns ``False`` if it was settled
+        already: its lease ran out (see ``visibility_timeout``; a failover can hold an
+        ack up that long) and a redelivery of it was settled first, here or by another
+        consumer. That is at-least-once delivery at work, not an error: the message was
+        processed twice, and nothing is lost. In the other modes, a no-op (``True``)."""
+        if self._settle is None:
+            return True
+        return await _settled(self._settle(self.message.id, True))
 
     async def nack(
         self, *, delay: float | None = None, error: str | BaseException | None = None
-    ) -> None:
+    ) -> bool:
         """Give the delivery back (at-least-once): redelivered promptly, or after
         ``delay`` seconds (it does not hold back the messages behind it). ``error`` is
         kept with it and shows in its dead letter if it dies. Past the consumer's or
-        queue's ``max_deliveries`` it goes to the dead-letter queue instead."""
+        queue's ``max_deliveries`` it goes to the dead-letter queue instead. Returns
+        ``False`` if it was settled already (see :meth:`ack`)."""
         if self._settle is None:
-            return
+            return True
         if (delay or error is not None) and self._control is not None:
             text = error_text(error)
-            await self._control(self.message.id, Settlement(delay=delay or 0.0, error=text))
-        elif delay:
+            settlement = Settlement(delay=delay or 0.0, error=text)
+            return await _settled(self._control(self.message.id, settlement))
+        if delay:
             raise BusError("this consumer cannot delay a retry")
-        else:
-            await self._settle(self.message.id, False)
+        return await _settled(self._settle(self.message.id, False))
 
-    async def reject(self, reason: str | BaseException | None = None) -> None:
+    async def reject(self, reason: str | BaseException | None = None) -> bool:
         """Dead-letter the delivery now (at-least-once): it moves to the dead-letter
-        queue with reason ``rejected`` and ``reason`` as its error text."""
+        queue with reason ``rejected`` and ``reason`` as its error text. Returns
+        ``False`` if it was settled already (see :meth:`ack`)."""
         if self._settle is None:
-            return
+            return True
         if self._control is None:
             raise BusError("this consumer cannot reject to a dead-letter queue")
-        await self._control(self.message.id, Settlement(reject=True, error=error_text(reason)))
+        settlement = Settlement(reject=True, error=error_text(reason))
+        return await _settled(self._control(self.message.id, settlement))
+
+
+async def _settled(settling: Awaitable[None]) -> bool:
+    """Whether ``settling`` settled the delivery (``False``: it was not pending)."""
+    try:
+        await settling
+    except UnknownMessageError:
+        return False
+    return True

@@ -190,7 +190,7 @@ class BusMetrics(Collector):
             "oldest_pending_seconds": "Time since the oldest unacked delivery was handed out.",
             "consumers": "Consumers registered with the queue.",
             "attachments": "Clients holding the queue open.",
-            "delayed": "Delayed messages and retries waiting for their time.",
+            "delayed": "Delayed messages, retries and given-back deliveries to redeliver.",
             "dead_letters": "Messages in the queue's dead-letter queue.",
             "paused": "1 while deliveries are paused.",
         }

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
@@ -55,8 +56,23 @@ Command = Sequence[Arg]
 P = TypeVar("P", bound="RespProtocol")
 
 
+DEFER_SECONDS = 0.02
+"""Longest a deferred command waits for another call to ride with (:meth:`MuxClient.defer`)."""
+
+
 class ReplyTimeoutError(rex.TimeoutError):
     """Redis did not answer within the reply timeout; the connection was dropped."""
+
+
+def was_not_sent(exc: BaseException) -> bool:
+    """Whether ``exc`` failed a call before its command was sent (no connection could be
+    made): sending it again cannot apply it twice."""
+    return getattr(exc, "_busmq_not_sent", False)
+
+
+def _not_sent(exc: BaseException) -> BaseException:
+    exc._busmq_not_sent = True  # type: ignore[attr-defined]  # read by was_not_sent
+    return exc
 
 
 def _reply_error(text: str) -> rex.RedisError:
@@ -82,8 +98,9 @@ class RespProtocol(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         self._reader = hiredis.Reader(replyError=_reply_error)
         self._transport: asyncio.Transport | None = None
-        # (future, number of replies or 0 for a single unwrapped one, time queued).
-        self._pending: collections.deque[tuple[asyncio.Future[Any], int, float]] = (
+        # (future, number of replies or 0 for a single unwrapped one, time queued); no
+        # future for deferred commands, whose replies nobody reads.
+        self._pending: collections.deque[tuple[asyncio.Future[Any] | None, int, float]] = (
             collections.deque()
         )
         self._partial: list[Any] = []
@@ -91,6 +108,8 @@ class RespProtocol(asyncio.Protocol):
         self._flush_scheduled = False
         self._reply_timeout = reply_timeout
         self._timer: asyncio.TimerHandle | None = None
+        self._deferred: list[bytes] = []
+        self._defer_timer: asyncio.TimerHandle | None = None
         self.error: rex.RedisError | None = None
         """Why the connection ended (``None`` while it is usable)."""
         self.address: tuple[str, int] | None = None
@@ -118,15 +137,15 @@ class RespProtocol(asyncio.Protocol):
                     future, count, _ = pending[0]
                     if not count:
                         pending.popleft()
-                        if not future.done():
-                            future.set_result(reply)
+                        if not future.done():  # type: ignore[union-attr]  # see defer
+                            future.set_result(reply)  # type: ignore[union-attr]
                     else:
                         partial = self._partial
                         partial.append(reply)
                         if len(partial) == count:
                             pending.popleft()
                             self._partial = []
-                            if not future.done():
+                            if future is not None and not future.done():
                                 future.set_result(partial)
                 reply = reader.gets()
         except hiredis.ProtocolError as exc:
@@ -155,16 +174,51 @@ class RespProtocol(asyncio.Protocol):
         if self.error is None:
             self._buffer(_pack(command))
 
+    def defer(self, command: Command, delay: float) -> None:
+        """Send ``command`` in the write of the next request, or after ``delay`` seconds if
+        none comes first; its reply (or failure) is dropped. For clean-ups that need no
+        write of their own (see :meth:`MuxClient.defer`)."""
+        if self.error is not None:
+            return
+        self._deferred.append(_pack(command))
+        if self._defer_timer is None:  # left armed when a request takes them: one a delay
+            self._defer_timer = self._loop.call_later(delay, self._deferred_due)
+
+    def _deferred_due(self) -> None:
+        self._defer_timer = None
+        if self._deferred:
+            self.send_deferred(wait=False)
+
+    def send_deferred(self, *, wait: bool) -> asyncio.Future[list[Any]] | None:
+        """Send the deferred commands now; with ``wait``, a future done when Redis answered
+        them all (``None`` if there were none)."""
+        deferred, self._deferred = self._deferred, []
+        if self.error is not None:
+            return None
+        if not deferred:
+            # Some may be on their way already (sent by the timer or with a request):
+            # replies come in order, so a PING's is the moment Redis applied them.
+            if not wait or all(future is not None for future, _, _ in self._pending):
+                return None
+            deferred = [_pack((b"PING",))]
+        future: asyncio.Future[list[Any]] | None = self._loop.create_future() if wait else None
+        self._send(future, b"".join(deferred), len(deferred))
+        return future
+
     def _enqueue(self, packed: bytes, count: int) -> asyncio.Future[Any]:
         if self.error is not None:
             raise type(self.error)(*self.error.args)
-        loop = self._loop
-        future: asyncio.Future[Any] = loop.create_future()
-        self._pending.append((future, count, loop.time()))
+        if self._deferred:
+            self.send_deferred(wait=False)
+        future: asyncio.Future[Any] = self._loop.create_future()
+        self._send(future, packed, count)
+        return future
+
+    def _send(self, future: asyncio.Future[Any] | None, packed: bytes, count: int) -> None:
+        self._pending.append((future, count, self._loop.time()))
         self._buffer(packed)
         if self._timer is None:
             self._arm_timer()
-        return future
 
     def _buffer(self, packed: bytes) -> None:
         self._out.append(packed)
@@ -206,10 +260,14 @@ class RespProtocol(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._defer_timer is not None:
+            self._defer_timer.cancel()
+            self._defer_timer = None
+        self._deferred = []
         pending, self._pending = self._pending, collections.deque()
         self._partial, self._out = [], []
         for future, _, _ in pending:
-            if not future.done():
+            if future is not None and not future.done():
                 future.set_exception(kind(message))
         if not self.ended.done():
             self.ended.set_result(None)
@@ -333,13 +391,17 @@ class MuxClient:
         if protocol is not None and protocol.error is None:
             return protocol
         if self._closed:
-            raise rex.ConnectionError(f"connection to {self.endpoint.label} closed")
+            raise _not_sent(rex.ConnectionError(f"connection to {self.endpoint.label} closed"))
         if self._connecting is None:
             # One attempt shared by every caller that needs it: if it fails they all
             # fail with its error, and the next call tries again.
             self._connecting = asyncio.create_task(self._connect())
             self._connecting.add_done_callback(_retrieve)
-        return await asyncio.shield(self._connecting)
+        try:
+            return await asyncio.shield(self._connecting)
+        except (rex.ConnectionError, rex.TimeoutError, OSError) as exc:
+            # Raised again by every caller that shared the attempt: mark, not copy.
+            raise _not_sent(exc) from None
 
     async def _connect(self) -> RespProtocol:
         label = self.endpoint.label
@@ -373,6 +435,29 @@ class MuxClient:
             protocol = await self._connection()
         replies: list[Any] = await protocol.request_many(commands)
         return replies
+
+    def defer(self, *command: Arg) -> None:
+        """Send ``command`` with the next call on this connection, or within
+        :data:`DEFER_SECONDS` if none comes, without waiting for its reply (an error reply
+        or a lost connection is dropped). For clean-ups whose failure leaves nothing wrong,
+        only something to tidy (an at-most-once read's ``XDEL``): under load they ride in
+        another call's write instead of costing one of their own. Nothing is sent when not
+        connected."""
+        protocol = self._protocol
+        if protocol is not None and protocol.error is None:
+            protocol.defer(command, DEFER_SECONDS)
+
+    async def flush_deferred(self) -> None:
+        """Send what :meth:`defer` holds now and wait until Redis applied it (before a
+        read that must see it, such as a queue's count)."""
+        protocol = self._protocol
+        if protocol is None or protocol.error is not None:
+            return
+        future = protocol.send_deferred(wait=True)
+        if future is not None:
+            future.add_done_callback(_ignore)  # its error matters to nobody
+            with contextlib.suppress(rex.RedisError):
+                await asyncio.shield(future)
 
     @property
     def address(self) -> tuple[str, int] | None:
@@ -408,6 +493,11 @@ class MuxClient:
         if self._protocol is not None:
             self._protocol.fail(rex.ConnectionError, f"connection to {self.endpoint.label} closed")
             self._protocol = None
+
+
+def _ignore(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _retrieve(task: asyncio.Task[Any]) -> None:

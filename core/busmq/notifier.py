@@ -9,10 +9,18 @@ connections per shard however many consumers it runs.
 The subscription speaks RESP itself (an ``asyncio.Protocol`` with a hiredis reader, see
 :mod:`busmq.mux`) and sets the consumers' events right where it parses a publication:
 no redis-py ``PubSub``, no polling task. A tick every ``block_seconds`` also wakes every
-watcher, so a lost notification (pub/sub is fire-and-forget) delays a delivery by at
-most one tick and never loses it, and idle consumers need no timer of their own. After a
+watcher that no publication woke since the last tick (a busy process's consumers are not
+all woken at once for nothing), so a lost notification (pub/sub is fire-and-forget)
+delays a delivery by at most two ticks and never loses it, and idle consumers need no
+timer of their own. After a
 reconnect the notifier subscribes again and wakes every watcher, since publications made
 while it was away were not seen.
+
+A publication of ``c`` (rather than an id) says the queue's processing controls or its
+schedule changed (a pause, a rate limit, a delayed push, a retry): it also marks the
+consumers' :class:`WakeUp` events ``recheck``, so each makes its next read the full one
+that applies controls (see :mod:`busmq.consumer`). A resubscription marks them too,
+since a publication may have been missed.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import asyncio
 import collections
 import logging
 import random
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 import redis.exceptions as rex
@@ -30,6 +39,43 @@ from .mux import Endpoint, RespProtocol
 
 log = logging.getLogger(__name__)
 
+RECHECKS = (b"c", b"0")
+"""Payloads published when a queue's controls or schedule changed (``0`` by earlier
+versions, whose pushes never publish it)."""
+
+
+PAUSED = b"p"
+"""Published after ``c`` when a queue was paused (see :attr:`WakeUp.pauses`)."""
+
+
+class WakeUp(asyncio.Event):
+    """A consumer's wake-up; ``recheck`` is set with it when the queue's controls or
+    schedule may have changed (the consumer clears it before a full read)."""
+
+    recheck = True
+    woken = False
+    """Set by a publication since the last tick (see :meth:`Notifier._on_tick`)."""
+    pauses = 0
+    """How many times the queue was paused (a consumer that sees it grow gives back what
+    it fetched and has not handed out)."""
+
+
+def mark_paused(events: Iterable[asyncio.Event]) -> None:
+    """Wake ``events``, telling the consumers' among them that the queue was paused."""
+    for event in events:
+        if type(event) is WakeUp:
+            event.pauses += 1
+            event.recheck = True  # a control changed: no lean read until a full one
+        event.set()
+
+
+def mark_recheck(events: set[asyncio.Event]) -> None:
+    """Wake ``events``, marking the consumers' among them ``recheck``."""
+    for event in events:
+        if type(event) is WakeUp:
+            event.recheck = True
+        event.set()
+
 
 class WakeUps(Protocol):
     """What consumers need from a shard's wake-ups (a :class:`Notifier`, or one per
@@ -37,7 +83,7 @@ class WakeUps(Protocol):
 
     tick: float
 
-    async def watch(self, queue: str) -> asyncio.Event: ...
+    async def watch(self, queue: str) -> WakeUp: ...
 
     async def unwatch(self, queue: str, event: asyncio.Event) -> None: ...
 
@@ -85,9 +131,16 @@ class _Subscription(RespProtocol):
         if type(reply) is not list or len(reply) != 3:
             super().push_received(reply)  # an error or garbage: reconnect
             return
-        kind, channel, _ = reply
+        kind, channel, payload = reply
         if kind in (b"message", b"smessage"):
+            if payload in RECHECKS:
+                mark_recheck(self._waiters.get(channel, set()))
+                return
+            if payload == PAUSED:
+                mark_paused(self._waiters.get(channel, ()))
+                return
             for event in self._waiters.get(channel, ()):
+                event.woken = True  # type: ignore[attr-defined]  # see _on_tick
                 event.set()
         elif kind == b"subscribe":
             for future in self._confirmations.pop(channel, ()):
@@ -97,8 +150,7 @@ class _Subscription(RespProtocol):
         elif kind == b"sunsubscribe":
             # Unasked while watched: the slot moved away. Read once (the tick and the
             # cluster notifier's move take it from here).
-            for event in self._waiters.get(channel, ()):
-                event.set()
+            mark_recheck(self._waiters.get(channel, set()))
 
     def fail(self, kind: type[rex.RedisError], message: str) -> None:
         super().fail(kind, message)
@@ -141,10 +193,12 @@ class Notifier:
         self._ticker: asyncio.TimerHandle | None = None
         self._closed = False
 
-    async def watch(self, queue: str) -> asyncio.Event:
+    async def watch(self, queue: str) -> WakeUp:
         """An event set whenever ``queue`` gets messages, and at least every
         :attr:`tick` (clear it before each read)."""
-        return await self.adopt(QueueKeys(queue).notify_channel.encode(), asyncio.Event())
+        wake = WakeUp()
+        await self.adopt(QueueKeys(queue).notify_channel.encode(), wake)
+        return wake
 
     async def adopt(self, channel: bytes, event: asyncio.Event) -> asyncio.Event:
         """Set ``event`` on publications on ``channel`` (and every tick); returns it."""
@@ -212,15 +266,22 @@ class Notifier:
             self._ticker = asyncio.get_running_loop().call_later(self.tick, self._on_tick)
 
     def _on_tick(self) -> None:
-        self._wake_all()
+        # Only the watchers no publication woke since the last tick: one woken meanwhile
+        # has read since, and waking every consumer of a busy process at once is a burst
+        # of empty reads (the tail latency of every message behind it).
+        for waiters in self._waiters.values():
+            for event in waiters:
+                if type(event) is WakeUp and event.woken:
+                    event.woken = False
+                else:
+                    event.set()
         self._ticker = None
         if self._waiters and not self._closed:
             self._ticker = asyncio.get_running_loop().call_later(self.tick, self._on_tick)
 
     def _wake_all(self) -> None:
         for waiters in self._waiters.values():
-            for event in waiters:
-                event.set()
+            mark_recheck(waiters)
 
     async def _run(self) -> None:
         endpoint = self._endpoint

@@ -10,7 +10,12 @@ from typing import TYPE_CHECKING
 
 from .controls import due_ms, expires_ms
 from .durability import Durability
-from .errors import DurabilityError, MessageTooLargeError, RedisCommandError
+from .errors import (
+    BusUnavailableError,
+    DurabilityError,
+    MessageTooLargeError,
+    RedisCommandError,
+)
 from .message import EncodedMessage, Payload, PayloadKind, encode_item
 
 if TYPE_CHECKING:
@@ -103,6 +108,9 @@ async def store(
             first, duplicate = reply
     except RedisCommandError as exc:
         raise queue._script_error(exc) from None
+    except BusUnavailableError as exc:  # may be stored: the id to retry with
+        exc.request_id = request_id
+        raise
     if not duplicate:
         queue.pushed += count
         queue._bus.counters.add("pushed", queue.name, count)

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, TypeVar
 import redis.asyncio as aioredis
 
 from . import controls, inventory, pushing
-from .consumer import LATEST, Consumer, Mode
+from .consumer import Consumer
+from .consuming import LATEST, Mode
 from .controls import QueueInfo, RateLimit, RetryPolicy
 from .durability import Durability
 from .errors import (
@@ -29,6 +30,7 @@ from .message import (
     Message,
     Payload,
 )
+from .notifier import mark_paused, mark_recheck
 from .pushing import Headers, Item, PushResult
 
 if TYPE_CHECKING:
@@ -178,6 +180,13 @@ class Queue:
             idempotent=True,
         )
         return int(reply[0]), int(reply[1])
+
+    def _read_in_full(self) -> None:
+        """Have this process's consumers of the queue make their next read the full one
+        (see ``consumer._fetch``) now, rather than when the publication that tells every
+        process so comes back: a retry parked here is due before what was stored after."""
+        for consumer in self._consumers:
+            mark_recheck({consumer._wake})
 
     async def _lost(self) -> None:
         """The queue was closed elsewhere or expired: end consumers, drop the attachment."""
@@ -329,11 +338,19 @@ class Queue:
     async def _ack_ids(self, ids: list[int]) -> list[int]:
         if not ids:
             return []
-        keys = [self._keys.stream, self._keys.alias, self._keys.state]
-        unknown: list[bytes] = await self._run_fast(
-            lambda c: self._bus.scripts.call(c, "ack", keys, ids),
-            idempotent=False,
-        )
+        keys = self._keys.ack_keys
+        attempts = 0
+
+        async def ack(mux: MuxClient) -> list[bytes]:
+            nonlocal attempts
+            attempts += 1
+            unknown: list[bytes] = await self._bus.scripts.call(mux, "ack", keys, ids)
+            return unknown
+
+        # Safe to send again (through a failover): an id acked twice is acked once.
+        unknown = await self._run_fast(ack, idempotent=True)
+        if attempts > 1:  # an attempt whose reply was lost may have acked them
+            unknown = []
         self._bus.counters.add("acked", self.name, len(ids) - len(unknown))
         return [int(u) for u in unknown]
 
@@ -355,6 +372,7 @@ class Queue:
     async def count(self) -> int:
         """Messages stored: not yet consumed, plus delivered-but-unacked (at-least-once),
         or the retained history (replay)."""
+        await self._send_deferred()
         return int(await self._run(lambda c: c.xlen(self._keys.stream), idempotent=True))
 
     async def exists(self) -> bool:
@@ -434,8 +452,12 @@ class Queue:
 
     async def pause(self) -> None:
         """Stop deliveries to every consumer (in every process) until :meth:`resume`;
-        pushes go on. A consumer hands out at most what it had already fetched."""
+        pushes go on. At-least-once consumers give back what they fetched and have not
+        handed out (the next read after :meth:`resume` redelivers it first); at-most-once
+        consumers hand out what they hold, which their reads removed from Redis."""
         await controls.set_controls(self, paused="1")
+        # Consumers here stop now, not when the publication comes back.
+        mark_paused(consumer._wake for consumer in self._consumers)
 
     async def resume(self) -> None:
         """Restart deliveries after :meth:`pause`."""
@@ -504,6 +526,12 @@ class Queue:
         """:meth:`_run` for the hot paths (see :meth:`Shard.run_fast`)."""
         shard = await self._located()
         return await shard.run_fast(call, idempotent=idempotent, route=self._keys.stream)
+
+    async def _send_deferred(self) -> None:
+        """Have Redis apply this process's deferred clean-ups of the queue (the ``XDEL``
+        of an at-most-once read, see ``MuxClient.defer``) before a read that counts."""
+        if self._shard is not None:
+            await self._run_fast(lambda m: m.flush_deferred(), idempotent=True)
 
     async def _located(self) -> Shard:
         """The queue's shard, located on first use (and again after it was lost)."""

@@ -42,6 +42,7 @@ class Scripts:
         "requeue",
         "promote",
         "controls",
+        "leave",
     )
 
     def __init__(self, client: aioredis.Redis, *, sharded_publish: bool = False) -> None:

@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .batching import TickBatcher
-from .consumer import Consumer, Mode
+from .consumer import Consumer
+from .consuming import Mode
 from .errors import (
     BusClosedError,
     BusError,

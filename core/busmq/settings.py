@@ -29,8 +29,16 @@ class BusSettings:
             ``redis+sentinel://`` for a Sentinel-managed master, or one
             ``redis+cluster://`` URL, see :mod:`busmq.topology`). Empty means: start an
             embedded ``redis-server`` persisting to ``data_dir``.
-        data_dir: data directory of the embedded Redis.
-        operation_timeout: upper bound in seconds for any single operation.
+        data_dir: data directory of the embedded Redis (a ``Path``, ``str`` or other
+            ``os.PathLike``; kept as a ``Path``).
+        operation_timeout: upper bound in seconds for any single operation while Redis
+            is up (a stalled server fails calls within it).
+        failover_timeout: how long a call waits for a shard that went down (a Sentinel
+            or cluster failover, a restart) to come back: acks, reads, counts and other
+            calls that are safe to repeat, and pushes not yet sent, wait up to this long
+            and then go on; only a longer outage raises
+            :class:`~busmq.errors.BusUnavailableError`. The default is a little above
+            a Sentinel failover with ``down-after-milliseconds`` 5000 to 10000.
         lease_seconds: how long an attachment lasts without renewal; clients renew it
             every third of that. A crashed client's attachment lapses after this.
         default_ttl: seconds a queue survives after its last client detached.
@@ -51,6 +59,7 @@ class BusSettings:
     redis_urls: tuple[str, ...] = ()
     data_dir: Path = field(default_factory=default_data_dir)
     operation_timeout: float = 5.0
+    failover_timeout: float = 30.0
     lease_seconds: float = 15.0
     default_ttl: float = 30.0
     max_message_bytes: int = 1024 * 1024
@@ -63,10 +72,13 @@ class BusSettings:
     durability_timeout: float = 1.0
 
     def __post_init__(self) -> None:
+        # A str (or any os.PathLike) is taken as a path, as most callers write it.
+        object.__setattr__(self, "data_dir", Path(self.data_dir))
         object.__setattr__(self, "durability", Durability.parse(self.durability))
         validate_redis_urls(self.redis_urls)
         positive = {
             "operation_timeout": self.operation_timeout,
+            "failover_timeout": self.failover_timeout,
             "lease_seconds": self.lease_seconds,
             "default_ttl": self.default_ttl,
             "max_message_bytes": self.max_message_bytes,

@@ -39,7 +39,7 @@ from .errors import (
     RedisCommandError,
 )
 from .events import Event, EventHub
-from .mux import Endpoint, MuxClient, ReplyTimeoutError
+from .mux import Endpoint, MuxClient, ReplyTimeoutError, was_not_sent
 from .notifier import Notifier, WakeUps
 from .sentinel import check_service, master_pool, sentinel_client
 from .settings import BusSettings, mask_url
@@ -50,6 +50,42 @@ T = TypeVar("T")
 C = TypeVar("C")
 
 CONNECTION_ERRORS = (rex.ConnectionError, rex.TimeoutError, OSError)
+
+
+class _Outage:
+    """A call's way through an outage: while the shard is down (a failover, a restart),
+    an idempotent call, or one not sent yet, waits up to ``failover_timeout`` from its
+    start for the shard to come back, not just the operation timeout."""
+
+    __slots__ = ("_deadline", "_scope")
+
+    def __init__(self, scope: asyncio.Timeout, deadline: float) -> None:
+        self._scope, self._deadline = scope, deadline
+
+    def ride_out(self) -> None:
+        when = self._scope.when()
+        if when is not None and when < self._deadline:
+            self._scope.reschedule(self._deadline)
+
+
+def _gated(
+    call: Callable[[C], Awaitable[T]], gate: asyncio.Semaphore
+) -> Callable[[C], Awaitable[T]]:
+    """``call`` holding one of ``gate``'s places. A full client pool is not an outage:
+    redis-py's own reads (topology refreshes after a probe or a ``MOVED``) take pool
+    connections outside the gate. Nothing was sent; wait a moment, send."""
+
+    async def gated(client: C) -> T:
+        async with gate:
+            pause = 0.001
+            while True:
+                try:
+                    return await call(client)
+                except rex.MaxConnectionsError:
+                    await asyncio.sleep(pause)
+                    pause = min(pause * 2, 0.05)
+
+    return gated
 
 
 def _with_fast_packing(base: type[Any]) -> type[Any]:
@@ -129,6 +165,12 @@ class Shard:
         self._events = events
         self.sentinel: SentinelTarget | None = None
         self._sentinel_client: Sentinel | None = None
+        self.closing = False
+        """Set while the bus closes: calls no longer wait out an outage (a process that
+        stops does not hang for ``failover_timeout`` on each detach)."""
+        self._client_calls: asyncio.Semaphore | None = None
+        """Bounds the calls in flight on ``client`` where its pool raises rather than
+        queues beyond ``max_connections`` (a cluster's nodes)."""
         self.client, endpoint = self._make_client()
         # Stream reads are decoded by busmq (message.decode_raw), not redis-py's callbacks.
         for command in ("XREAD", "XREADGROUP"):
@@ -355,6 +397,9 @@ class Shard:
         since the command may have been applied.
         """
         budget = self._settings.operation_timeout if timeout is None else timeout
+        gate = self._client_calls
+        if gate is not None:
+            call = _gated(call, gate)
         return await self._bounded(call, lambda _: self.client, idempotent, budget)
 
     async def run_fast(
@@ -386,7 +431,7 @@ class Shard:
                 raise self._timed_out(budget) from None
             except CONNECTION_ERRORS as exc:
                 self.report_failure(exc)
-                if not idempotent:
+                if not idempotent and not was_not_sent(exc):
                     raise BusUnavailableError(f"redis unreachable: {exc}", self.label) from exc
             except rex.RedisError as exc:  # refused by the client itself (e.g. DataError)
                 raise RedisCommandError(f"redis client error: {exc}") from exc
@@ -469,11 +514,15 @@ class Shard:
         *,
         asks: bool = False,
     ) -> T:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         try:
-            async with asyncio.timeout(budget):
-                return await self._run(call, pick, idempotent, redirect, asks)
+            async with asyncio.timeout(budget) as scope:
+                ride = 0.0 if self.closing else self._settings.failover_timeout
+                outage = _Outage(scope, started + ride)
+                return await self._run(call, pick, idempotent, redirect, asks, outage)
         except TimeoutError:
-            raise self._timed_out(budget) from None
+            raise self._timed_out(loop.time() - started) from None
 
     def _timed_out(self, budget: float) -> BusUnavailableError:
         if self.state is ShardState.OFFLINE:
@@ -487,6 +536,7 @@ class Shard:
         idempotent: bool,
         redirect: Redirect | None,
         asks: bool,
+        outage: _Outage,
     ) -> T:
         """Call on ``pick(redirect)`` until it succeeds, fails for good, or may have been
         applied when it is not ``idempotent``. ``asks``: ``pick`` follows ``ASK``
@@ -496,6 +546,7 @@ class Shard:
             if self.state is ShardState.CLOSED:
                 raise BusClosedError("the bus is closed")
             if self.state is ShardState.OFFLINE:
+                outage.ride_out()  # not sent yet: wait for the failover to end
                 await self._online.wait()
             try:
                 return await call(pick(redirect))
@@ -511,8 +562,9 @@ class Shard:
                 raise TimeoutError from None  # as if the operation timeout ran out
             except CONNECTION_ERRORS as exc:
                 self.report_failure(exc)
-                if not idempotent:
+                if not idempotent and not was_not_sent(exc):
                     raise BusUnavailableError(f"redis unreachable: {exc}", self.label) from exc
+                outage.ride_out()
                 redirect = None
             except rex.RedisError as exc:  # refused by the client itself (e.g. DataError)
                 raise RedisCommandError(f"redis client error: {exc}") from exc

@@ -3,7 +3,7 @@ the gateway (server side) and federation (client side)."""
 
 from __future__ import annotations
 
-from .consumer import Mode
+from .consuming import Mode
 from .message import PayloadKind
 from .v1 import types_pb2
 

@@ -77,6 +77,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--redis-url", action="append", default=[], help="a shard; may repeat")
     parser.add_argument("--data-dir", help="embedded Redis data directory")
     parser.add_argument("--max-message-bytes", type=int, default=8 * 1024 * 1024)
+    parser.add_argument(
+        "--max-streams",
+        type=int,
+        default=int(env("BUSMQ_GATEWAY_MAX_STREAMS", "20000")),
+        help="server streams open at once in a process; more are refused RESOURCE_EXHAUSTED"
+        " (0: no limit)",
+    )
     parser.add_argument("--keepalive-seconds", type=float, default=30.0)
     parser.add_argument("--grace-seconds", type=float, default=10.0)
     parser.add_argument("--log-format", choices=["json", "text"], default="json")
@@ -105,6 +112,7 @@ def settings_from(args: argparse.Namespace) -> GatewaySettings:
         allow_plaintext=args.allow_plaintext,
         bus=bus,
         max_message_bytes=args.max_message_bytes,
+        max_streams=args.max_streams,
         keepalive_seconds=args.keepalive_seconds,
         grace_seconds=args.grace_seconds,
         http_listen=None if args.http_listen in ("", "off") else args.http_listen,

@@ -16,10 +16,12 @@ kind, the verb it needs and the object names it touches:
     persistables  push: Save, Renew      consume: Load      admin: Delete
     services      push: Call, CallStream                consume: Serve
 
-Calls that name a token handed out by an earlier, authorized call (an attachment id,
-a channel connection id, a served request id) need only authentication: the token is
-the capability. A refused call ends ``PERMISSION_DENIED`` with ``ErrorInfo`` reason
-``PERMISSION_DENIED`` (metadata: principal, kind, verb, name); a principal over its
+Calls that name a token handed out by an earlier, authorized call (an attachment id, a
+consumer id, a channel connection id, a served request id) need the token *and* to come
+from the principal it was handed to (:func:`check_owner`): a token that leaked into a log
+or a ticket is of no use to another principal. A refused call ends
+``PERMISSION_DENIED`` with ``ErrorInfo`` reason ``PERMISSION_DENIED`` (metadata:
+principal, kind, verb, name; for a token, principal and token kind); a principal over its
 limits ``RESOURCE_EXHAUSTED`` with reason ``STREAM_LIMIT`` or ``PUSH_RATE_LIMIT``
 (metadata ``retry_after_ms``). Refusals are logged with the principal's name, once per
 interval with a count. Secrets are never logged.
@@ -49,7 +51,8 @@ ANONYMOUS = Principal(
 )
 CURRENT: contextvars.ContextVar[Principal] = contextvars.ContextVar("busmq_principal")
 """The principal of the call being served (set by the guard, read by servicers that
-filter what they show, such as ListQueues)."""
+filter what they show, such as ListQueues, and that hand out tokens)."""
+CURRENT_ACCESS: contextvars.ContextVar[Access] = contextvars.ContextVar("busmq_access")
 
 Names = Callable[[Any], Iterable[str]]
 
@@ -155,6 +158,39 @@ class PermissionDenied(RequestError):
         )
 
 
+class NotTheOwner(RequestError):
+    def __init__(self, principal: Principal, token: str) -> None:
+        super().__init__(
+            f"principal {principal.name!r} may not use a {token} handed to another principal",
+            "PERMISSION_DENIED",
+            grpc.StatusCode.PERMISSION_DENIED,
+            {"principal": principal.name, "token": token},
+        )
+
+
+def caller() -> Principal:
+    """The principal of the call being served (the owner of a token it is handed)."""
+    return CURRENT.get(ANONYMOUS)
+
+
+def refuse(error: RequestError, detail: str) -> RequestError:
+    """``error``, for the call being served, logged and counted as its principal's
+    refusal."""
+    access = CURRENT_ACCESS.get(None)
+    if access is not None:
+        access._refuse(caller(), error.reason, detail)
+    return error
+
+
+def check_owner(owner: str, token: str) -> None:
+    """Raise :class:`NotTheOwner` (a refusal) unless the call being served comes from
+    ``owner``, the name of the principal the ``token`` (its kind, e.g.
+    ``"consumer_id"``; never its value) was handed to."""
+    principal = caller()
+    if principal.name != owner:
+        raise refuse(NotTheOwner(principal, token), f"a {token} of another principal")
+
+
 class LimitExceeded(RequestError):
     def __init__(self, message: str, reason: str, metadata: dict[str, str]) -> None:
         super().__init__(message, reason, grpc.StatusCode.RESOURCE_EXHAUSTED, metadata)
@@ -203,9 +239,16 @@ class Access:
     """The gateway's principals, and the checks the guard makes on every call."""
 
     def __init__(
-        self, principals: Sequence[Principal], *, open_access: bool = False, mtls: bool = False
+        self,
+        principals: Sequence[Principal],
+        *,
+        open_access: bool = False,
+        mtls: bool = False,
+        max_streams: int = 0,
     ) -> None:
         self.principals = tuple(principals)
+        self.max_streams = max_streams
+        self._open_streams = 0
         self.open_access = open_access
         self.mtls = mtls
         self.refusals = RefusalLog()
@@ -274,6 +317,13 @@ class Access:
     @contextlib.contextmanager
     def stream(self, principal: Principal) -> Iterator[None]:
         """Hold one of ``principal``'s concurrent streams while the block runs."""
+        if self.max_streams and self._open_streams >= self.max_streams:
+            self._refuse(principal, "GATEWAY_STREAM_LIMIT", f"{self._open_streams} streams open")
+            raise LimitExceeded(
+                f"the gateway has {self._open_streams} streams open, its limit",
+                "GATEWAY_STREAM_LIMIT",
+                {"max_streams": str(self.max_streams)},
+            )
         open_now = self._streams.get(principal.name, 0)
         if principal.max_streams and open_now >= principal.max_streams:
             self._refuse(principal, "STREAM_LIMIT", f"{open_now} streams open")
@@ -283,10 +333,12 @@ class Access:
                 {"principal": principal.name, "max_streams": str(principal.max_streams)},
             )
         self._streams[principal.name] = open_now + 1
+        self._open_streams += 1
         try:
             yield
         finally:
             self._streams[principal.name] -= 1
+            self._open_streams -= 1
 
     def streams_of(self, principal: str) -> int:
         return self._streams.get(principal, 0)

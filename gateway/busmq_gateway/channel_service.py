@@ -17,6 +17,7 @@ from busmq.v1 import channel_service_pb2 as pb
 from busmq.v1 import channel_service_pb2_grpc as pb_grpc
 from busmq.v1 import types_pb2
 
+from .access import caller, check_owner
 from .config import GatewaySettings
 from .convert import consume_mode, delivery_fields, optional_seconds, outgoing_batch
 from .errors import NotFound, RequestError, classify, rpc_errors, to_status, unary
@@ -32,7 +33,7 @@ class ChannelService(pb_grpc.ChannelServiceServicer):
         self._bus = bus
         self._settings = settings
         self._draining = draining
-        self._connections: dict[str, Channel] = {}
+        self._connections: dict[str, tuple[Channel, str]] = {}  # id: (end, its principal)
         self.streams = StreamCount()
 
     # -- the connection stream ---------------------------------------------------------
@@ -48,7 +49,7 @@ class ChannelService(pb_grpc.ChannelServiceServicer):
             if channel is None or feed is None:  # pragma: no cover - rpc_errors aborted
                 return
             connection_id = secrets.token_urlsafe(18)
-            self._connections[connection_id] = channel
+            self._connections[connection_id] = (channel, caller().name)
             try:
                 yield pb.ConnectChannelResponse(
                     started=pb.ChannelStarted(
@@ -172,11 +173,13 @@ class ChannelService(pb_grpc.ChannelServiceServicer):
         return pb.EndChannelResponse()
 
     def _connection(self, connection_id: str) -> Channel:
-        channel = self._connections.get(connection_id)
-        if channel is None:
+        found = self._connections.get(connection_id)
+        if found is None:
             raise NotFound(
                 "no connected channel end with that connection_id", "CONNECTION_NOT_FOUND"
             )
+        channel, owner = found
+        check_owner(owner, "connection_id")
         return channel
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from busmq import BusSettings
+from busmq.private import read_secret_file
 from busmq.security import GENERATE_SECRET, is_loopback, weak_secret_reason
 
 from .principals import Principal, everything
@@ -19,6 +20,12 @@ class TlsSettings:
     cert_file: Path
     key_file: Path
     client_ca_file: Path | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("cert_file", "key_file", "client_ca_file"):
+            value = getattr(self, name)
+            if value is not None:  # a str or os.PathLike is taken as a path
+                object.__setattr__(self, name, Path(value))
 
     def read(self) -> tuple[bytes, bytes, bytes | None]:
         ca = self.client_ca_file.read_bytes() if self.client_ca_file else None
@@ -46,6 +53,11 @@ class GatewaySettings:
         bus: the bus the gateway serves (default: from the environment, i.e. the
             embedded Redis unless ``BUSMQ_REDIS_URLS`` is set).
         max_message_bytes: largest gRPC message accepted or sent.
+        max_streams: server streams (Consume, ConnectChannel, Serve, PushStream ...) open at
+            once in one gateway process, every principal together; a stream beyond it is
+            refused ``RESOURCE_EXHAUSTED`` (reason ``GATEWAY_STREAM_LIMIT``, the limit in
+            its ErrorInfo) with a throttled log line. 0: no limit. Principals have their
+            own ``max_streams`` too.
         keepalive_seconds: HTTP/2 ping interval on idle connections (long-lived streams
             behind proxies); ``heartbeat_seconds``: idle interval between stream heartbeats.
         grace_seconds: how long SIGTERM waits for streams and calls to finish.
@@ -68,6 +80,7 @@ class GatewaySettings:
     allow_plaintext: bool = False
     bus: BusSettings = field(default_factory=BusSettings.from_env)
     max_message_bytes: int = 8 * 1024 * 1024
+    max_streams: int = 20_000
     keepalive_seconds: float = 30.0
     heartbeat_seconds: float = 15.0
     grace_seconds: float = 10.0
@@ -101,6 +114,8 @@ class GatewaySettings:
                 raise ValueError(f"{name} must be positive")
         if self.http_listen is not None:
             self._check_http_listen(self.http_listen)
+        if self.max_streams < 0:
+            raise ValueError("max_streams must be 0 (no limit) or more")
         if not 1 <= self.default_prefetch <= self.max_prefetch:
             raise ValueError("need 1 <= default_prefetch <= max_prefetch")
 
@@ -175,6 +190,6 @@ def read_secrets(
     env = os.environ if environ is None else environ
     found = [v.strip() for v in values]
     for path in files:
-        found += [line.strip() for line in Path(path).read_text().splitlines() if line.strip()]
+        found += [line.strip() for line in read_secret_file(path).splitlines() if line.strip()]
     found += [s.strip() for s in env.get("BUSMQ_GATEWAY_SECRETS", "").split(",") if s.strip()]
     return tuple(dict.fromkeys(found))

@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 
-from .access import CURRENT, Access, Refused
+from .access import CURRENT, CURRENT_ACCESS, Access, Refused
 from .errors import RequestError, to_status
 from .malformed import MALFORMED, MalformedLog, tolerant
 from .principals import Principal
@@ -60,6 +60,7 @@ class Guard:
         except RequestError as exc:
             await context.abort_with_status(to_status(exc))
         CURRENT.set(principal)
+        CURRENT_ACCESS.set(self.access)
         return principal
 
     def _check(self, principal: Principal, method: str, request: Any) -> None:

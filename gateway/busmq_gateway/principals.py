@@ -8,6 +8,8 @@ grants and limits, read from a TOML file (``busmq-gateway --config FILE``).
     client_certificate = "orders.dc-b.example"  # and/or an mTLS identity (CN or a SAN)
     max_streams = 20                            # concurrent server streams (0: no limit)
     max_pushes_per_second = 5000                # messages pushed or sent (0: no limit)
+    max_queues = 100                            # queues its attachments hold at once
+    max_backlog = 100000                        # the highest max_backlog it may set
     metrics = false                             # may read /metrics and the dashboard
 
     [[principal.allow]]
@@ -30,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from busmq.private import ExposedSecretError, read_secret_file
 from busmq.security import weak_secret_reason
 
 
@@ -84,6 +87,10 @@ class Principal:
     grants: tuple[Grant, ...] = ()
     max_streams: int = 0
     max_pushes_per_second: float = 0
+    max_queues: int = 0
+    """Queues its attachments may hold alive at once, per gateway process (0: no limit)."""
+    max_backlog: int = 0
+    """The highest backlog limit it may give a queue; it attaches none without one."""
     metrics: bool = False
 
     def may(self, kind: Kind, verb: Verb | None, name: str) -> bool:
@@ -122,7 +129,7 @@ def load(path: Path, environ: Mapping[str, str] | None = None) -> tuple[Principa
 
 _PRINCIPAL_KEYS = {
     "name", "secrets", "secret_files", "secret_env", "client_certificate", "allow",
-    "max_streams", "max_pushes_per_second", "metrics",
+    "max_streams", "max_pushes_per_second", "max_queues", "max_backlog", "metrics",
 }  # fmt: skip
 
 
@@ -138,9 +145,12 @@ def _principal(entry: Any, base: Path, env: Mapping[str, str]) -> Principal:
     for file in _strings(entry, "secret_files", where):
         file_path = base / file
         try:
-            secrets += [line.strip() for line in file_path.read_text().splitlines() if line.strip()]
+            text = read_secret_file(file_path)
+        except ExposedSecretError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
         except OSError as exc:
             raise ConfigError(f"{where}: secret file {file_path}: {exc.strerror}") from None
+        secrets += [line.strip() for line in text.splitlines() if line.strip()]
     for variable in _strings(entry, "secret_env", where):
         if not env.get(variable):
             raise ConfigError(f"{where}: environment variable {variable} is not set")
@@ -161,6 +171,8 @@ def _principal(entry: Any, base: Path, env: Mapping[str, str]) -> Principal:
         grants=tuple(_grants(entry.get("allow", []), where)),
         max_streams=_number(entry, "max_streams", where, int),
         max_pushes_per_second=_number(entry, "max_pushes_per_second", where, float),
+        max_queues=_number(entry, "max_queues", where, int),
+        max_backlog=_number(entry, "max_backlog", where, int),
         metrics=_flag(entry, "metrics", where),
     )
 

@@ -28,6 +28,7 @@ from busmq.v1 import queue_service_pb2 as pb
 from busmq.v1 import queue_service_pb2_grpc as pb_grpc
 from busmq.v1 import types_pb2
 
+from .access import caller, check_owner
 from .attachments import Attachments
 from .config import GatewaySettings
 from .controls import info_fields, push_timing, rate_limit, retry_policy
@@ -65,6 +66,7 @@ class QueueService(QueueInventory, pb_grpc.QueueServiceServicer):
         self._attachments = attachments
         self._draining = draining
         self._consumers: dict[str, Consumer] = {}
+        self._consumer_owners: dict[str, str] = {}  # consumer id: its stream's principal
         self.no_streams = asyncio.Event()
         self.no_streams.set()
         self.browses = StreamCount()
@@ -198,6 +200,7 @@ class QueueService(QueueInventory, pb_grpc.QueueServiceServicer):
         if consumer is None:  # pragma: no cover - rpc_errors aborted the call
             return
         self._consumers[consumer.name] = consumer
+        self._consumer_owners[consumer.name] = caller().name
         self.no_streams.clear()
         try:
             yield pb.ConsumeResponse(started=pb.ConsumeStarted(consumer_id=consumer.name))
@@ -205,6 +208,7 @@ class QueueService(QueueInventory, pb_grpc.QueueServiceServicer):
                 yield response
         finally:
             self._consumers.pop(consumer.name, None)
+            self._consumer_owners.pop(consumer.name, None)
             await self._end_consumer(consumer)
             if not self._consumers:
                 self.no_streams.set()
@@ -326,6 +330,7 @@ class QueueService(QueueInventory, pb_grpc.QueueServiceServicer):
         consumer = self._consumers.get(consumer_id)
         if consumer is None:
             raise NotFound("no active stream with that consumer_id", "CONSUMER_NOT_FOUND")
+        check_owner(self._consumer_owners[consumer_id], "consumer_id")
         return consumer
 
     # -- inspection and management -----------------------------------------------------

@@ -26,6 +26,7 @@ from busmq.v1 import request_service_pb2 as pb
 from busmq.v1 import request_service_pb2_grpc as pb_grpc
 from busmq.v1 import types_pb2
 
+from .access import caller, check_owner
 from .config import GatewaySettings
 from .convert import (
     message_to_proto,
@@ -118,7 +119,7 @@ class RequestService(pb_grpc.RequestServiceServicer):
         self, request: pb.ServeRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ServeResponse]:
         with self.streams.open():
-            server = _Server()
+            server = _Server(owner=caller().name)
             try:
                 async with rpc_errors(context, "Serve"):
                     await self._start_serving(server, request)
@@ -184,7 +185,7 @@ class RequestService(pb_grpc.RequestServiceServicer):
         reply (a value, or an async iterator of the items of a streamed reply)."""
         assert server.service is not None
         token = secrets.token_urlsafe(18)
-        handed = _Handed()
+        handed = _Handed(server.owner)
         self._handed[token] = handed
         server.tokens.add(token)
         try:
@@ -232,6 +233,7 @@ class RequestService(pb_grpc.RequestServiceServicer):
         handed = self._handed.get(request.request_id)
         if handed is None:
             raise NotFound("no request awaits a reply with that request_id", "REQUEST_NOT_FOUND")
+        check_owner(handed.owner, "request_id")
         part = self._part(request)
         if handed.complete:
             raise RequestError(
@@ -290,7 +292,8 @@ class _Handed:
     once its part was taken (a chunk: once its items were pushed), which paces a client
     that streams a long reply."""
 
-    def __init__(self) -> None:
+    def __init__(self, owner: str) -> None:
+        self.owner = owner
         self.streaming = False
         self.complete = False
         self._parts: collections.deque[tuple[_Part, asyncio.Future[bool]]] = collections.deque()
@@ -336,6 +339,7 @@ class _Handed:
 class _Server:
     """One Serve stream: its core service, the serve() task and the requests handed out."""
 
+    owner: str = ""  # the principal of the Serve stream: its request ids are its own
     service: Service | None = None
     concurrency: int = 0
     task: asyncio.Task[None] | None = None

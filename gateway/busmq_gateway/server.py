@@ -92,6 +92,7 @@ class Gateway:
             settings.all_principals,
             open_access=not settings.authenticated,
             mtls=tls is not None and tls.client_ca_file is not None,
+            max_streams=settings.max_streams,
         )
         self.registry = CollectorRegistry()
         self.rpc_metrics = RpcMetrics(self.registry)
@@ -122,6 +123,12 @@ class Gateway:
             ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
             ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
             ("grpc.so_reuseport", int(self.settings.reuse_port)),
+            # Calls that arrived before the server asked for the next one (grpc.aio asks
+            # one at a time): gRPC cancels those beyond 1,000 (soft) / 3,000 (hard) by
+            # default, so a burst of streams (clients reconnecting after a deploy) lost
+            # every one past ~1,800 with a bare CANCELLED the gateway never saw.
+            ("grpc.server.max_pending_requests", 100_000),
+            ("grpc.server.max_pending_requests_hard_limit", 100_000),
         ]
 
     async def start(self) -> None:

@@ -210,9 +210,24 @@ async def test_exit_codes(redis_server: RedisServer) -> None:
     assert down.code == 1 and "busmq:" in down.err
 
 
+async def test_global_options_go_before_or_after_the_command(redis_server: RedisServer) -> None:
+    await busmq("push", "placed", urls=[redis_server.url], stdin=b"one\n")
+    before = await busmq("--json", "--redis-url", redis_server.url, "queues")
+    after = await busmq("queues", "--json", "--redis-url", redis_server.url)
+    mixed = await busmq("--redis-url", redis_server.url, "queues", "--json")
+    assert before.code == after.code == mixed.code == 0, (before, after, mixed)
+    listed = [json.loads(r.out) for r in (before, after, mixed)]
+    assert [[q["name"] for q in each] for each in listed] == [["placed"]] * 3
+    inspect = await busmq("inspect", "placed", "--redis-url", redis_server.url, "--json")
+    assert json.loads(inspect.out)["messages"] == 1
+    refused = await busmq("demo", "--gateway", "http://127.0.0.1:1")
+    assert refused.code == 2 and "not --gateway" in refused.err
+
+
 async def test_commands_through_a_gateway(redis_server: RedisServer, tmp_path: Path) -> None:
     secret_file = tmp_path / "secret"
     secret_file.write_text("cli-gateway-secret-0123456789\n")
+    secret_file.chmod(0o600)
     gateway = GatewayProcess(redis_server.url, ("cli-gateway-secret-0123456789",))
     await gateway.start()
     try:
@@ -248,6 +263,7 @@ async def test_through_a_tls_gateway_with_its_ca(redis_server: RedisServer, tmp_
     ca, server, _client = make_pki(tmp_path)
     secret = "cli-tls-secret-0123456789"
     (tmp_path / "secret").write_text(secret)
+    (tmp_path / "secret").chmod(0o600)
     gateway = GatewayProcess(
         redis_server.url, (secret,), "--tls-cert", str(server.cert), "--tls-key", str(server.key)
     )

@@ -13,7 +13,7 @@ from busmq.channel_protocol import ChannelState, channel_queue_name
 from busmq.events import Event, Subscription
 from busmq.message import Delivery
 from tests.support.processes import HelperProcess
-from tests.support.waiting import eventually
+from tests.support.waiting import eventually, take
 
 pytestmark = pytest.mark.also_on_uvloop  # the same tests on uvloop's event loop
 
@@ -25,16 +25,6 @@ async def next_event(events: Subscription[Event], kind: str, timeout: float = 10
             if event.kind == kind:
                 return event
     raise AssertionError(f"events ended before {kind!r}")
-
-
-async def take(channel: Channel, count: int, timeout: float = 10.0) -> list[Delivery]:
-    got: list[Delivery] = []
-    async with asyncio.timeout(timeout):
-        async for delivery in channel:
-            got.append(delivery)
-            if len(got) == count:
-                break
-    return got
 
 
 async def queues_exist(bus: Bus, name: str) -> list[bool]:

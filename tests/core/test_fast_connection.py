@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -186,6 +187,24 @@ async def test_tls_with_the_pools_ssl_parameters(tmp_path: Path) -> None:
             await client.aclose()
 
 
+async def test_tls_under_strict_certificate_verification(tmp_path: Path) -> None:
+    # What Python 3.13's ssl.create_default_context() turns on (VERIFY_X509_STRICT), set
+    # explicitly so every Python checks it: the test PKI must look like a real CA's.
+    ca, server_pem, client_pem = make_pki(tmp_path)
+    tls = Tls(cert=server_pem.cert, key=server_pem.key, ca=ca.cert, client_ca=True)
+    async with RedisServer(tmp_path / "redis", tls=tls) as server:
+        context = ssl.create_default_context(cafile=str(ca.cert))
+        context.verify_flags |= ssl.VERIFY_X509_STRICT
+        context.load_cert_chain(str(client_pem.cert), str(client_pem.key))
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port, ssl=context)
+        try:
+            writer.write(b"PING\r\n")
+            assert await reader.readline() == b"+PONG\r\n"
+        finally:
+            writer.close()
+            await writer.wait_closed()
+
+
 # -- losses and timeouts ----------------------------------------------------------------------
 
 
@@ -218,6 +237,76 @@ async def test_lost_connection_fails_pending_calls_and_resends_nothing(
             await admin.aclose()
     finally:
         await mux.aclose()
+
+
+@pytest.fixture
+async def connected(redis_server: RedisServer) -> AsyncIterator[tuple[MuxClient, aioredis.Redis]]:
+    """A connected hot-path client, and an admin client on another connection."""
+    mux = mux_client(redis_server.url)
+    admin = redis_server.client()
+    try:
+        await mux.execute(b"CLIENT", b"SETNAME", b"hot-path")
+        yield mux, admin
+    finally:
+        await admin.aclose()
+        await mux.aclose()
+
+
+async def test_a_deferred_command_rides_with_the_next_call_and_its_reply_is_skipped(
+    connected: tuple[MuxClient, aioredis.Redis],
+) -> None:
+    mux, _ = connected
+    await mux.execute(b"SET", "k", "1")
+    mux.defer(b"INCR", "k")
+    mux.defer(b"LPUSH", "k", "x")  # WRONGTYPE: an error reply nobody sees
+    # The next call's reply is its own, though two replies came before it.
+    assert await mux.execute(b"GET", "k") == b"2"
+    assert await mux.execute(b"PING") == b"PONG"
+
+
+async def test_a_deferred_command_goes_out_on_its_own_when_the_connection_is_idle(
+    connected: tuple[MuxClient, aioredis.Redis],
+) -> None:
+    mux, admin = connected
+    mux.defer(b"SET", "idle", "1")
+    await eventually(lambda: admin.exists("idle"), timeout=2.0, what="the deferred SET")  # type: ignore[arg-type,return-value]
+
+
+async def test_flush_deferred_returns_once_redis_applied_them(
+    connected: tuple[MuxClient, aioredis.Redis],
+) -> None:
+    mux, admin = connected
+    mux.defer(b"SET", "flushed", "1")
+    await mux.flush_deferred()
+    assert await admin.get("flushed") == b"1"  # on another connection
+    await mux.flush_deferred()  # nothing deferred: returns at once
+
+
+async def test_flush_deferred_waits_for_those_already_sent_but_not_yet_applied(
+    connected: tuple[MuxClient, aioredis.Redis],
+) -> None:
+    mux, admin = connected
+    # Held up behind a blocking command, as behind a busy connection's earlier calls.
+    mux.defer(b"BLPOP", "nothing", "0.3")
+    mux.defer(b"SET", "in-flight", "1")
+    protocol = mux._protocol
+    assert protocol is not None
+    protocol.send_deferred(wait=False)  # as the timer or a request sends them
+    await mux.flush_deferred()
+    assert await admin.get("in-flight") == b"1"  # on another connection
+
+
+async def test_deferred_commands_are_dropped_quietly_with_a_lost_connection(
+    connected: tuple[MuxClient, aioredis.Redis], redis_server: RedisServer
+) -> None:
+    mux, admin = connected
+    mux.defer(b"SET", "lost", "1")
+    victim = next(c for c in await client_list(redis_server) if c["name"] == "hot-path")
+    await admin.client_kill_filter(_id=victim["id"])
+    with contextlib.suppress(rex.ConnectionError):
+        await mux.execute(b"PING")  # may still find the connection open, then fail
+    await mux.flush_deferred()  # no error either
+    assert await mux.execute(b"PING") == b"PONG"  # a new connection
 
 
 async def test_overdue_reply_drops_the_connection_with_a_timeout(
@@ -375,3 +464,11 @@ def subscribed(admin: aioredis.Redis, queue: str) -> Callable[[], Awaitable[bool
         return int(count) > 0
 
     return check
+
+
+async def test_a_test_server_that_never_becomes_ready_is_stopped(tmp_path: Path) -> None:
+    # PING renamed away: the readiness probe is refused until its deadline.
+    server = RedisServer(tmp_path / "unready", extra_args=("--rename-command", "PING", ""))
+    with pytest.raises(RuntimeError, match="not ready"):
+        await server.start(timeout=0.5)
+    assert server.process is None  # stopped, and its pid reaped

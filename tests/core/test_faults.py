@@ -28,12 +28,12 @@ from busmq import (
     BusUnavailableError,
     Event,
     Mode,
-    UnknownMessageError,
 )
 from busmq.keys import CONSUMER_GROUP, QueueKeys
 from busmq.shard import shard_identity
 from busmq.sharding import rank
 from tests.conftest import FAST, fast_settings
+from tests.support.loops import END, Ledger, consume, produce
 from tests.support.redis_server import RedisServer
 from tests.support.waiting import eventually
 
@@ -318,7 +318,8 @@ async def test_crashed_clients_lease_lapses(
 async def test_redis_killed_and_restarted_mid_stream(
     redis_server: RedisServer, make_bus: MakeBus
 ) -> None:
-    bus = await make_bus([redis_server.url], operation_timeout=1.0)
+    # An outage longer than failover_timeout: pushes that waited it out give up.
+    bus = await make_bus([redis_server.url], operation_timeout=1.0, failover_timeout=1.5)
     transitions: list[str] = []
 
     def record(event: Event) -> None:
@@ -354,7 +355,7 @@ async def test_redis_killed_and_restarted_mid_stream(
                 deliveries += 1
                 consumed.add(delivery.id)
                 # An ack lost to the outage leaves the delivery pending: redelivered.
-                with contextlib.suppress(BusUnavailableError, UnknownMessageError):
+                with contextlib.suppress(BusUnavailableError):
                     await delivery.ack()
 
     producer = asyncio.create_task(produce())
@@ -516,3 +517,36 @@ async def test_close_stops_the_health_monitor_even_if_a_probe_swallows_its_cance
     assert closing in done, "close() is stuck behind the health monitor"
     assert shard._monitor is not None and shard._monitor.done()
     assert shard.state.value == "closed"
+
+
+@pytest.mark.slow
+async def test_the_readme_loops_ride_through_redis_restarts(
+    redis_server: RedisServer, make_bus: MakeBus
+) -> None:
+    # Three restarts, each shorter than failover_timeout: the consumer's loop (no error
+    # handling) never raises, and only a push in flight at a kill raises (retried).
+    bus = await make_bus([redis_server.url], failover_timeout=20.0)
+    ledger = Ledger()
+    async with bus.queue("riding"):
+        consumer = asyncio.create_task(consume(bus, "riding", ledger))
+        producer = asyncio.create_task(produce(bus, "riding", ledger, range(3_000)))
+        try:
+            for at in (500, 1_200, 2_000):
+                await eventually(lambda at=at: len(ledger.acknowledged) >= at, timeout=60)  # type: ignore[misc]
+                redis_server.kill()
+                await redis_server.wait_exit()
+                await redis_server.start()
+            await asyncio.wait_for(producer, 120)
+            await bus.queue("riding").push({"n": END})
+            await asyncio.wait_for(consumer, 60)  # raises what the loop raised
+        finally:
+            for task in (producer, consumer):
+                task.cancel()
+            await asyncio.gather(producer, consumer, return_exceptions=True)
+    assert len(ledger.acknowledged) == 3_000
+    assert not ledger.missing()
+    assert not ledger.stored_twice_without_a_retry()
+    assert len(ledger.push_errors) <= 3, ledger.push_errors  # one in flight per kill at most
+    # Each says which request id to retry with.
+    assert all(isinstance(e, BusUnavailableError) and e.request_id for e in ledger.push_errors)
+    print(f"\n3 restarts: {ledger.deliveries} deliveries, {len(ledger.push_errors)} push errors")

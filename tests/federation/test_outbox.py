@@ -9,13 +9,17 @@ import pytest
 from busmq import Bus, Mode
 from busmq.federation import (
     DeadLetter,
+    FederationSettings,
+    FederationTarget,
     LinkState,
     Outbox,
     OutboxFullError,
     OutboxLockedError,
 )
-from tests.federation.conftest import SECRET, DatacenterA, MakeB
+from tests.conftest import fast_settings
+from tests.federation.conftest import FAST_LINK, SECRET, DatacenterA, MakeB
 from tests.support.processes import HelperProcess
+from tests.support.redis_server import RedisServer
 from tests.support.waiting import eventually
 
 
@@ -236,3 +240,17 @@ async def test_requeue_keeps_order_and_request_ids_and_respects_the_outbox_bound
         assert again.depth() == 10
     finally:
         await again.close()
+
+
+async def test_a_data_dir_given_as_str_places_the_default_outbox_beside_it(
+    dc_a: DatacenterA, tmp_path: Path
+) -> None:
+    async with RedisServer(tmp_path / "b-redis") as redis:
+        settings = fast_settings([redis.url], data_dir=str(tmp_path / "data" / "redis"))
+        async with Bus(settings) as bus:
+            assert settings.data_dir == tmp_path / "data" / "redis"
+            target = FederationTarget(dc_a.url, secret=SECRET)
+            bus.configure_federation(FederationSettings(targets=[target], **FAST_LINK))
+            async with bus.federate(bus.queue("str-paths"), dc_a.url) as remote:
+                assert await remote.push("stored") == 1
+        assert (tmp_path / "data" / "outbox.sqlite3").exists()

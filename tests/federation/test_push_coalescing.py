@@ -21,6 +21,7 @@ from busmq_gateway import Gateway, GatewaySettings
 from busmq_gateway.queue_service import QueueService
 from tests.conftest import fast_settings
 from tests.federation.conftest import SECRET, CallCounter, DatacenterA, MakeB
+from tests.support.gateway_process import running_gateway
 from tests.support.waiting import eventually
 
 QUEUES = [f"coalesced-{i}" for i in range(5)]
@@ -242,12 +243,8 @@ async def gateway_on(dc_a: DatacenterA) -> AsyncIterator[Gateway]:
     settings = GatewaySettings(
         listen="127.0.0.1:0", secrets=(SECRET,), bus=fast_settings([dc_a.redis.url])
     )
-    gateway = Gateway(settings)
-    await gateway.start()
-    try:
+    async with running_gateway(settings) as gateway:
         yield gateway
-    finally:
-        await gateway.stop()
 
 
 @pytest.fixture

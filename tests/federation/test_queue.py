@@ -131,9 +131,9 @@ async def test_federation_over_mutual_tls(tmp_path: Path, redis_server: RedisSer
         target = FederationTarget(
             f"https://127.0.0.1:{gateway.port}",
             secret=SECRET,
-            root_ca_file=ca.cert,
+            root_ca_file=str(ca.cert),  # a str is taken as a path, as a Path is
             client_cert_file=client.cert,
-            client_key_file=client.key,
+            client_key_file=str(client.key),
         )
         settings = FederationSettings(
             targets=[target], outbox_path=tmp_path / "outbox.sqlite3", **FAST_LINK

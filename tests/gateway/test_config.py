@@ -28,6 +28,7 @@ def test_no_auth_is_only_allowed_on_loopback() -> None:
 def test_secrets_come_from_flags_files_and_environment(tmp_path: Path) -> None:
     secret_file = tmp_path / "secrets"
     secret_file.write_text("from-file\n\nanother\n")
+    secret_file.chmod(0o600)
     found = read_secrets(["flag"], [str(secret_file)], {"BUSMQ_GATEWAY_SECRETS": "env-1, env-2"})
     assert found == ("flag", "from-file", "another", "env-1", "env-2")
 

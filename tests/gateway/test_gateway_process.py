@@ -24,7 +24,8 @@ ALO = types_pb2.CONSUME_MODE_AT_LEAST_ONCE
 
 @pytest.fixture
 async def gateway_process(redis_server: RedisServer) -> AsyncIterator[GatewayProcess]:
-    process = GatewayProcess(redis_server.url)
+    # An outage longer than failover_timeout (3 s) fails calls with UNAVAILABLE.
+    process = GatewayProcess(redis_server.url, env={"BUSMQ_FAILOVER_TIMEOUT": "3"})
     await process.start()
     try:
         yield process

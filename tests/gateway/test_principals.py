@@ -60,6 +60,7 @@ verbs = ["push", "consume"]
 
 def write_config(directory: Path, text: str = CONFIG) -> Path:
     (directory / "writer.secret").write_text(WRITER + "\n")
+    (directory / "writer.secret").chmod(0o600)  # a secret file others can read is refused
     path = directory / "gateway.toml"
     path.write_text(textwrap.dedent(text))
     return path
@@ -328,6 +329,10 @@ def test_the_config_file_is_checked_with_clear_errors(tmp_path: Path) -> None:
     assert "secret file" in refused_config(
         '[[principal]]\nname = "a"\nsecret_files = ["missing"]\n'
     )
+    (tmp_path / "open.secret").write_text("open-secret-0123456789\n")
+    (tmp_path / "open.secret").chmod(0o640)
+    refused = refused_config('[[principal]]\nname = "a"\nsecret_files = ["open.secret"]\n')
+    assert "principal 'a'" in refused and "(mode 0640)" in refused and "chmod 600" in refused
     certificate_only = '[[principal]]\nname = "dc-b"\nclient_certificate = "dc-b.example"\n'
     principals = load(write_config(tmp_path, certificate_only))
     with pytest.raises(ValueError, match="need mTLS"):

@@ -96,9 +96,10 @@ async def test_the_operating_recipe_works_right_after_scripts_run_sh(tmp_path: P
         assert "#1 source=cli first" in text  # the tail
         assert "0 dead letter(s) shown" in text
         assert "0 federation link(s)" in text
+        assert "pushed 3, consumed 3" in text  # the demo, on the gateway's embedded Redis
         [listed] = [json.loads(line) for line in text.splitlines() if line.startswith("[{")]
         assert {q["name"]: q["depth"] for q in listed} == {
-            "orders": 3, "orders-restored": 3, "orders-replay": 2,
+            "orders": 3, "orders-restored": 3, "orders-replay": 2, "demo": 0,
         }  # fmt: skip
         assert [json.loads(line)["payload"] for line in export.read_text().splitlines()] == [
             "first", "second", "third",
@@ -124,8 +125,9 @@ async def test_the_tls_recipe_makes_certificates_that_serve_mtls(tmp_path: Path)
     make_certs = block_with("openssl req -x509")
     serve = block_with("busmq-gateway --listen 0.0.0.0:8443")
     call = block_with("grpcurl -cacert")
-    (tmp_path / ".venv").symlink_to(ROOT / ".venv")
+    (tmp_path / ".venv").symlink_to(Path(sys.executable).parent.parent)  # this run's venv
     (tmp_path / ".busmq-secret").write_text("readme-tls-secret-0123456789\n")
+    (tmp_path / ".busmq-secret").chmod(0o600)  # as scripts/run.sh makes it (umask 077)
     env = {k: v for k, v in os.environ.items() if not k.startswith("BUSMQ_")}
     env["BUSMQ_DATA_DIR"] = str(tmp_path / "redis")
 
@@ -167,6 +169,7 @@ async def test_the_python_stubs_example_of_clients_readme_runs(
     assert DOCUMENTED_ADDRESS in example
     secret = "clients-readme-secret-0123456789"
     (tmp_path / ".busmq-secret").write_text(secret + "\n")  # as scripts/run.sh writes it
+    (tmp_path / ".busmq-secret").chmod(0o600)  # as scripts/run.sh makes it (umask 077)
     gateway = GatewayProcess(redis_server.url, (secret,))
     await gateway.start()
     try:

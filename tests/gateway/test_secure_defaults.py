@@ -21,7 +21,7 @@ from tests.support.redis_server import RedisServer, free_port
 
 STRONG = "a-strong-secret-0123456789"
 ROOT = Path(__file__).resolve().parents[2]
-GRPCURL = ROOT / ".venv" / "bin" / "grpcurl"
+GRPCURL = Path(sys.executable).parent / "grpcurl"  # installed into this run's venv
 
 
 async def run_gateway(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
@@ -58,6 +58,18 @@ async def test_a_short_secret_is_refused_and_not_echoed() -> None:
     assert code == 2
     assert "secret #1 is too weak (shorter than 16 bytes)" in err
     assert "abc" not in err
+
+
+async def test_a_secret_file_others_can_read_is_refused_with_the_chmod_to_run(
+    tmp_path: Path,
+) -> None:
+    secret = tmp_path / "gateway.secret"
+    secret.write_text(STRONG + "\n")
+    secret.chmod(0o644)
+    code, err = await run_gateway("--listen", "127.0.0.1:8443", "--secret-file", str(secret))
+    assert code == 2
+    assert "is open to other local users (mode 0644)" in err and f"chmod 600 {secret}" in err
+    assert STRONG not in err
 
 
 async def test_explicit_plaintext_off_loopback_starts_with_one_warning(

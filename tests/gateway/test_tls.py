@@ -66,7 +66,8 @@ async def test_mutual_tls_requires_a_client_certificate(
     redis_server: RedisServer, tmp_path: Path
 ) -> None:
     ca, server, client = make_pki(tmp_path)
-    gateway = await start(redis_server, TlsSettings(server.cert, server.key, ca.cert))
+    # Paths as str, as a config loader gives them, are taken as a Path is.
+    gateway = await start(redis_server, TlsSettings(str(server.cert), str(server.key), ca.cert))  # type: ignore[arg-type]
     target = f"127.0.0.1:{gateway.port}"
     try:
         with_cert = grpc.ssl_channel_credentials(

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from busmq import Bus, BusError, Durability, Mode
+from tests.support import loops
 from tests.support.sentinel import SentinelGroup
 from tests.support.waiting import eventually
 
@@ -97,10 +98,7 @@ async def failover_under_load(
         producer = asyncio.create_task(produce(bus, run, durability, killed))
         try:
             await killed.wait()
-            old_master = group.master
-            old_master.kill()
-            await old_master.wait_exit()
-            assert await group.wait_failover() is not old_master
+            await group.kill_master()
             await asyncio.wait_for(producer, 120)
 
             async def drained() -> bool:
@@ -149,3 +147,48 @@ async def test_async_durability_reports_its_loss_window(
     # Not asserted to be zero: acknowledged by the master alone, what it had not yet
     # sent to the promoted replica is gone. This is the figure the docs quote.
     print(f"\nasync: {len(lost)} of {TOTAL} acknowledged pushes lost in the failover")
+
+
+@pytest.mark.slow
+async def test_the_readme_loops_ride_through_ten_sentinel_failovers(
+    sentinel_group: SentinelGroup, make_bus: MakeBus
+) -> None:
+    # The README's producer (request ids, retried on an error) and consumer (no error
+    # handling at all) while the master is SIGKILLed ten times, each time restarted to
+    # rejoin as a replica: the consumer's loop never raises, nothing acknowledged is lost.
+    bus = await make_bus([sentinel_group.url], durability="replicas=1")
+    ledger = loops.Ledger()
+    outages: list[str] = []
+    bus.events.on(lambda e: outages.append(e.kind) if e.kind in ("offline", "online") else None)
+    stop = asyncio.Event()
+    async with bus.queue("riding") as queue:
+        consumer = asyncio.create_task(loops.consume(bus, "riding", ledger))
+        producer = asyncio.create_task(loops.produce(bus, "riding", ledger, range(10**9), stop))
+        try:
+            for _ in range(10):
+                mark = len(ledger.acknowledged) + 300
+                await eventually(lambda m=mark: len(ledger.acknowledged) >= m, timeout=60)  # type: ignore[misc]
+                old = await sentinel_group.kill_master()
+                await sentinel_group.rejoin(old)
+                await sentinel_group.wait_replicas_linked()
+                await sentinel_group.wait_sentinels_know_replicas()
+                assert not consumer.done(), consumer
+            stop.set()
+            await asyncio.wait_for(producer, 60)
+            await queue.push({"n": loops.END})
+            await asyncio.wait_for(consumer, 60)  # raises what the loop raised
+        finally:
+            stop.set()
+            for task in (producer, consumer):
+                task.cancel()
+            await asyncio.gather(producer, consumer, return_exceptions=True)
+    assert not ledger.missing(), f"{len(ledger.missing())} acknowledged pushes never consumed"
+    assert not ledger.stored_twice_without_a_retry()
+    redeliveries = ledger.deliveries - sum(len(ids) for ids in ledger.delivered.values())
+    # At most what a consumer held (read-ahead and unacked) at each kill comes again.
+    assert redeliveries <= 10 * 3 * 50, redeliveries
+    print(
+        f"\n10 failovers: {len(ledger.acknowledged)} acknowledged, all consumed; "
+        f"{len(ledger.push_errors)} push errors retried; {redeliveries} redeliveries; "
+        f"{outages.count('offline')} offline events"
+    )

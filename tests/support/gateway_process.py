@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from busmq import Bus
+from busmq_gateway import Gateway, GatewaySettings
 from tests.support.redis_server import free_port
 
 GATEWAY_CMD = [sys.executable, "-m", "busmq_gateway"]
@@ -124,6 +125,17 @@ class GatewayProcess:
         except TimeoutError:
             self.process.kill()
             await self.process.wait()
+
+
+@contextlib.asynccontextmanager
+async def running_gateway(settings: GatewaySettings) -> AsyncIterator[Gateway]:
+    """An in-process gateway with ``settings``, started, stopped on leaving."""
+    gateway = Gateway(settings)
+    await gateway.start()
+    try:
+        yield gateway
+    finally:
+        await gateway.stop()
 
 
 @contextlib.asynccontextmanager

@@ -177,7 +177,11 @@ class RedisServer:
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL,
         )
-        await self._wait_ready(timeout)
+        try:
+            await self._wait_ready(timeout)
+        except BaseException:
+            await self.stop()  # a server that never became ready is not left behind
+            raise
 
     async def _wait_ready(self, timeout: float) -> None:
         assert self.process is not None

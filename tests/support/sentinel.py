@@ -8,6 +8,7 @@ import contextlib
 from pathlib import Path
 
 import redis.asyncio as aioredis
+import redis.exceptions
 
 from tests.support.redis_server import RedisServer, free_port, redis_binary, terminate
 from tests.support.waiting import eventually
@@ -124,24 +125,79 @@ class SentinelGroup:
     async def start(self) -> None:
         for server in self.servers:
             await server.start()
-        await self._wait_replicas_linked()
+        await self.wait_replicas_linked(sentinels=False)
         for sentinel in self.sentinels:
             await sentinel.start()
         await eventually(self._sentinels_ready, timeout=20, what="sentinels see each other")
 
-    async def _wait_replicas_linked(self) -> None:
+    async def wait_replicas_linked(self, *, sentinels: bool = True) -> None:
+        """Every server but the master replicates from it, link up; with ``sentinels``,
+        the master is the one every Sentinel names (they may have failed over again)."""
+
         async def linked() -> bool:
+            if sentinels:
+                agreed = await self._agreed_master()
+                if agreed is None:
+                    return False
+                self.master = agreed
             for replica in self.replicas:
                 client = replica.client()
                 try:
                     info = await client.info("replication")
+                except redis.exceptions.ConnectionError:  # Sentinel reconfiguring it
+                    return False
                 finally:
                     await client.aclose()
                 if info.get("master_link_status") != "up":
                     return False
+                if int(info.get("master_port", 0)) != self.master.port:
+                    return False
             return True
 
-        await eventually(linked, timeout=20, what="replicas in sync with the master")
+        try:
+            await eventually(linked, timeout=20, what="replicas in sync with the master")
+        except AssertionError:
+            states = []
+            for server in self.servers:
+                client = server.client()
+                try:
+                    info = await client.info("replication")
+                except Exception as exc:
+                    info = {"error": repr(exc)}
+                finally:
+                    await client.aclose()
+                fields = ("role", "master_port", "master_link_status")
+                states.append((server.port, {k: info.get(k) for k in (*fields, "error")}))
+            raise AssertionError(
+                f"replicas not in sync with {self.master.port}: {states}"
+            ) from None
+
+    async def wait_sentinels_know_replicas(self, timeout: float = 30) -> None:
+        """Every Sentinel lists every live replica as a healthy one (it can promote it):
+        Sentinels learn of a rejoined server from the master's INFO, every 10 s."""
+        ports = {r.port for r in self.replicas}
+
+        async def known() -> bool:
+            for sentinel in self.sentinels:
+                client = sentinel.client()
+                try:
+                    listed = await client.sentinel_slaves(SERVICE)
+                except redis.exceptions.RedisError:
+                    return False
+                finally:
+                    await client.aclose()
+                healthy = {
+                    int(r["port"])
+                    for r in listed
+                    if r["is_slave"]
+                    and not (r["is_sdown"] or r["is_odown"] or r["is_disconnected"])
+                    and r.get("master-link-status") == "ok"
+                }
+                if not ports <= healthy:
+                    return False
+            return True
+
+        await eventually(known, timeout=timeout, what="sentinels know the replicas")
 
     async def _sentinels_ready(self) -> bool:
         for sentinel in self.sentinels:
@@ -173,18 +229,63 @@ class SentinelGroup:
                 await client.aclose()
         raise AssertionError("no Sentinel answers")
 
+    async def kill_master(self) -> RedisServer:
+        """SIGKILL the master and wait for the Sentinels to promote a replica; returns the
+        old master (dead; ``rejoin`` brings it back as a replica)."""
+        old = self.master
+        old.kill()
+        await old.wait_exit()
+        assert await self.wait_failover() is not old
+        return old
+
     async def wait_failover(self, timeout: float = 30) -> RedisServer:
         """Wait until the Sentinels name another master; returns it."""
         old = self.master
 
         async def moved() -> bool:
-            _, port = await self.master_address()
-            return port != old.port
+            # Every Sentinel names the same new master, and it is one: the failover is
+            # over (a restarted old master would otherwise be taken back, empty).
+            agreed = await self._agreed_master()
+            return agreed is not None and agreed is not old
 
         await eventually(moved, timeout=timeout, what="sentinel failover")
         _, port = await self.master_address()
         self.master = next(s for s in self.servers if s.port == port)
         return self.master
+
+    async def _agreed_master(self) -> RedisServer | None:
+        """The server every Sentinel names master, if it is one; else ``None``."""
+        ports = set()
+        for sentinel in self.sentinels:
+            client = sentinel.client()
+            try:
+                _, port = await client.sentinel_get_master_addr_by_name(SERVICE)
+            except redis.exceptions.RedisError:
+                return None
+            finally:
+                await client.aclose()
+            ports.add(int(port))
+        if len(ports) != 1:
+            return None
+        named = next(s for s in self.servers if s.port in ports)
+        client = named.client()
+        try:
+            role = (await client.info("replication")).get("role")
+        except redis.exceptions.RedisError:
+            return None
+        finally:
+            await client.aclose()
+        return named if role == "master" else None
+
+    async def rejoin(self, server: RedisServer) -> None:
+        """Restart a killed server as a replica of the master (as an operator would: it
+        never comes back as a second, empty master)."""
+        args = list(server.extra_args)
+        if "--replicaof" in args:
+            at = args.index("--replicaof")
+            del args[at : at + 3]
+        server.extra_args = (*args, "--replicaof", "127.0.0.1", str(self.master.port))
+        await server.start()
 
     async def stop(self) -> None:
         for sentinel in self.sentinels:

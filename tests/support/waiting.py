@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 async def eventually(
@@ -25,3 +28,14 @@ async def eventually(
         if loop.time() > deadline:
             raise AssertionError(f"{what} not reached within {timeout}s")
         await asyncio.sleep(interval)
+
+
+async def take(deliveries: AsyncIterator[T], n: int, timeout: float = 10.0) -> list[T]:
+    """The next ``n`` deliveries of a consumer, or a ``TimeoutError`` after ``timeout``."""
+    got: list[T] = []
+    async with asyncio.timeout(timeout):
+        async for delivery in deliveries:
+            got.append(delivery)
+            if len(got) == n:
+                break
+    return got

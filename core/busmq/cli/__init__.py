@@ -25,6 +25,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
+import io
 import logging
 import os
 import sys
@@ -32,6 +34,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 from ..errors import BusError, InvalidMessageError, QueueNotFoundError
+from ..private import read_secret_file
 from ..settings import BusSettings
 from . import commands, federation, transfer
 from .admin import Admin, LocalAdmin, running_embedded
@@ -43,19 +46,28 @@ EXIT_FAILED, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 1, 2
 Command = Callable[[Admin, Output, argparse.Namespace], Awaitable[int]]
 
 
+def _add_global_options(parser: argparse.ArgumentParser) -> None:
+    where = parser.add_argument_group("which bus")
+    where.add_argument("--redis-url", action="append", help="a shard (repeatable)")
+    where.add_argument("--gateway", metavar="URL", help="through a gateway: http(s)://host:port")
+    where.add_argument("--secret-file", type=Path, help="the gateway's secret (or BUSMQ_SECRET)")
+    where.add_argument("--ca-file", type=Path, help="CA certificate of an https gateway")
+    parser.add_argument("--json", action="store_true", help="JSON output for scripts")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="busmq",
         description="Look into and repair a busmq bus.",
         epilog="See 'busmq COMMAND --help'. " + __doc__.split("Exit codes:")[1].strip(),
     )
-    where = parser.add_argument_group("which bus")
-    where.add_argument("--redis-url", action="append", default=[], help="a shard (repeatable)")
-    where.add_argument("--gateway", metavar="URL", help="through a gateway: http(s)://host:port")
-    where.add_argument("--secret-file", type=Path, help="the gateway's secret (or BUSMQ_SECRET)")
-    where.add_argument("--ca-file", type=Path, help="CA certificate of an https gateway")
-    parser.add_argument("--json", action="store_true", help="JSON output for scripts")
+    _add_global_options(parser)
+    # The same options after the command (busmq queues --json): a command's parser
+    # leaves out those not given, so it does not undo one given before the command.
+    after = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
+    _add_global_options(after)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub.add_parser = functools.partial(sub.add_parser, parents=[after])  # type: ignore[method-assign]
 
     queues = sub.add_parser("queues", help="list queues with their figures")
     queues.add_argument("--prefix", default="", help="only queues whose name starts with this")
@@ -94,7 +106,7 @@ def _parser() -> argparse.ArgumentParser:
 
     export = sub.add_parser("export", help="write a queue's messages as JSON lines")
     export.add_argument("queue")
-    export.add_argument("file", type=argparse.FileType("w", encoding="utf-8"), help="- for stdout")
+    export.add_argument("file", help="- for stdout; a file is created readable by its owner only")
     export.add_argument("--from-id", type=int, default=0)
     export.add_argument("--to-id", type=int)
 
@@ -105,6 +117,7 @@ def _parser() -> argparse.ArgumentParser:
 
     fed = sub.add_parser("federation", help="federation links of running applications")
     fed_sub = fed.add_subparsers(dest="action", required=True, metavar="ACTION")
+    fed_sub.add_parser = functools.partial(fed_sub.add_parser, parents=[after])  # type: ignore[method-assign]
     status = fed_sub.add_parser("status", help="links, outboxes and lag, from metrics endpoints")
     status.add_argument("--metrics", action="append", required=True, metavar="URL",
                         help="a /metrics URL of a process that federates (repeatable)")  # fmt: skip
@@ -139,9 +152,16 @@ COMMANDS: dict[str, Command] = {
 
 def _secret(args: argparse.Namespace) -> str | None:
     if args.secret_file is not None:
-        secret: str = args.secret_file.read_text().strip()
-        return secret
+        return read_secret_file(args.secret_file).strip()
     return os.environ.get("BUSMQ_SECRET") or None
+
+
+def _settings(args: argparse.Namespace) -> BusSettings:
+    """The bus of ``--redis-url``, else ``BUSMQ_REDIS_URLS``, else the embedded Redis of
+    ``BUSMQ_DATA_DIR`` (the running one's socket when another process runs it)."""
+    if args.redis_url:
+        return BusSettings.from_env({**os.environ, "BUSMQ_REDIS_URLS": ",".join(args.redis_url)})
+    return running_embedded(BusSettings.from_env())
 
 
 async def _admin(args: argparse.Namespace) -> Admin:
@@ -155,12 +175,7 @@ async def _admin(args: argparse.Namespace) -> Admin:
             await remote.close()
             raise
         return remote
-    settings = BusSettings.from_env()
-    if args.redis_url:
-        settings = BusSettings.from_env(
-            {**os.environ, "BUSMQ_REDIS_URLS": ",".join(args.redis_url)}
-        )
-    local = LocalAdmin(running_embedded(settings))
+    local = LocalAdmin(_settings(args))
     try:
         await local.connect()
     except BaseException:
@@ -173,8 +188,10 @@ async def _run(args: argparse.Namespace, out: Output) -> int:
     if args.command == "demo":
         from .demo import demo
 
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-        await demo(args.queue, args.rate, args.count)
+        logging.basicConfig(
+            level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", force=True
+        )
+        await demo(_settings(args), args.queue, args.rate, args.count)
         return 0
     if args.command == "federation":
         return await federation.status(out, args, _secret(args))
@@ -186,7 +203,10 @@ async def _run(args: argparse.Namespace, out: Output) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "demo" and args.gateway:
+        parser.error("demo runs on a bus (--redis-url or the embedded Redis), not --gateway")
     out = Output(args.json)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -203,8 +223,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         out.error(f"{exc} ({type(exc).__name__})")
         code = EXIT_FAILED
     finally:
-        for handle in (getattr(args, "file", None),):
-            if handle is not None and handle not in (sys.stdin, sys.stdout):
-                with contextlib.suppress(OSError):
-                    handle.close()
+        handle = getattr(args, "file", None)  # import's, opened by the parser
+        if isinstance(handle, io.IOBase) and handle not in (sys.stdin, sys.stdout):
+            with contextlib.suppress(OSError):
+                handle.close()
     sys.exit(code)

@@ -1,7 +1,8 @@
 """``busmq demo``: a producer and an at-least-once consumer on the bus.
 
-With no ``BUSMQ_REDIS_URLS`` set, the bus starts its embedded Redis (data in
-``BUSMQ_DATA_DIR``, default ``~/.local/share/busmq/redis``).
+With no ``--redis-url`` or ``BUSMQ_REDIS_URLS``, it uses the embedded Redis of
+``BUSMQ_DATA_DIR`` (default ``~/.local/share/busmq/redis``): the one a gateway or an
+application already runs there, else its own.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import signal
 import time
 
 from ..bus import Bus
-from ..consumer import Mode
+from ..consuming import Mode
 from ..queue import Queue
 from ..settings import BusSettings
 
@@ -34,12 +35,12 @@ async def _consume(queue: Queue, count: int | None) -> None:
             await delivery.ack()
 
 
-async def demo(queue_name: str, rate: float, count: int | None) -> None:
+async def demo(settings: BusSettings, queue_name: str, rate: float, count: int | None) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with Bus(BusSettings.from_env()) as bus:
+    async with Bus(settings) as bus:
         where = bus.embedded.url if bus.embedded else ", ".join(s.label for s in bus.shards)
         logging.info("bus online on %s", where)
         async with bus.queue(queue_name) as queue:

@@ -9,12 +9,15 @@ whole or not at all, one after the other.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from collections.abc import AsyncIterator, Iterable, Iterator
+from pathlib import Path
 from typing import IO
 
 from ..message import EncodedMessage, Message, PayloadKind, encode_headers
+from ..private import open_private
 from .admin import Admin
 from .output import Output
 from .records import RecordError, parse_line, to_line
@@ -141,9 +144,25 @@ async def copy(admin: Admin, out: Output, args: argparse.Namespace) -> int:
 
 
 async def export(admin: Admin, out: Output, args: argparse.Namespace) -> int:
-    """Write the range to ``args.file`` (opened by the parser; ``-`` is stdout)."""
+    """Write the range to ``args.file`` (``-`` is stdout), created 0600: it holds
+    message payloads."""
     total = await _count(admin, args.queue)
-    target: IO[str] = args.file
+    to_stdout = args.file == "-"
+    with (
+        contextlib.nullcontext(sys.stdout) if to_stdout else open_private(Path(args.file)) as target
+    ):
+        exported = await _export_to(admin, out, args, total, target)
+    if not to_stdout:
+        if out.as_json:
+            out.json({"exported": exported, "queue": args.queue, "file": args.file})
+        else:
+            out.line(f"exported {exported} message(s) of {args.queue} to {args.file}")
+    return 0
+
+
+async def _export_to(
+    admin: Admin, out: Output, args: argparse.Namespace, total: int | None, target: IO[str]
+) -> int:
     exported = 0
     with out.progress(f"exporting {args.queue}", total) as advance:
         async for page in admin.browse(args.queue, args.from_id, args.to_id, False):
@@ -151,12 +170,7 @@ async def export(admin: Admin, out: Output, args: argparse.Namespace) -> int:
             exported += len(page)
             advance(len(page))
     target.flush()
-    if target is not sys.stdout:
-        if out.as_json:
-            out.json({"exported": exported, "queue": args.queue, "file": target.name})
-        else:
-            out.line(f"exported {exported} message(s) of {args.queue} to {target.name}")
-    return 0
+    return exported
 
 
 async def import_(admin: Admin, out: Output, args: argparse.Namespace) -> int:

@@ -53,7 +53,7 @@ from ..channel_protocol import (
     check_encoded_headers,
     check_headers,
 )
-from ..consumer import Mode
+from ..consuming import Mode
 from ..errors import (
     BusClosedError,
     BusError,

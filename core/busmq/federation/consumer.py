@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from ..acks import AckBatcher
-from ..consumer import LATEST, Mode, check_consume_arguments, handle_each
+from ..consuming import LATEST, Mode, check_consume_arguments, handle_each
 from ..controls import RetryPolicy, Settlement
 from ..errors import (
     BusClosedError,

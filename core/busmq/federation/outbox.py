@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import BusError
+from ..private import make_dirs, private_file
 from .errors import OutboxFullError
 
 log = logging.getLogger(__name__)
@@ -141,7 +142,7 @@ class Outbox:
         """Take the file lock (synchronous, immediate): refuses a second user."""
         if self._lock_fd is not None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.path.parent)
         fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -165,6 +166,10 @@ class Outbox:
             log.info("outbox %s: %d push(es) left to forward", self.path, len(rows))
 
     def _open_db(self) -> list[tuple[int, str, str, int, float]]:
+        # Created 0600 before SQLite opens it: its -wal and -shm files take its mode.
+        for path in (self.path, *(Path(f"{self.path}{s}") for s in ("-wal", "-shm"))):
+            if path == self.path or path.exists():
+                private_file(path)
         db = sqlite3.connect(self.path, isolation_level=None)
         mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         if str(mode).lower() != "wal":

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from ..consumer import LATEST, Mode
+from ..consuming import LATEST, Mode
 from ..controls import RateLimit, RetryPolicy, due_ms, expires_ms
 from ..errors import (
     BusClosedError,
@@ -52,7 +52,7 @@ from ..queue import Retention
 from ..v1 import queue_service_pb2 as pb
 from .consumer import FederatedConsumer
 from .convert import duration, outgoing, seconds
-from .errors import AmbiguousPush, error_reason, from_rpc_error
+from .errors import AmbiguousPush, RemoteError, error_reason, from_rpc_error
 from .link import Link, LinkState
 
 if TYPE_CHECKING:
@@ -200,6 +200,11 @@ class FederatedQueue:
             await self._call("DetachQueue", pb.DetachQueueRequest(attachment_id=attachment))
         except QueueNotFoundError:
             pass  # the gateway no longer had it: it is released either way
+        except RemoteError as exc:
+            # A gateway restarted since the attach knows nothing of it: nothing is left
+            # to release (its lease lapses on its own).
+            if exc.reason != "ATTACHMENT_NOT_FOUND":
+                raise
         finally:
             self.events.emit(Event("detached", self.name))
 

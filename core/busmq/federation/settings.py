@@ -96,6 +96,10 @@ class FederationTarget:
     allow_plaintext: bool = False
 
     def __post_init__(self) -> None:
+        for name in ("root_ca_file", "client_cert_file", "client_key_file"):
+            value = getattr(self, name)
+            if value is not None:  # a str or os.PathLike is taken as a path
+                object.__setattr__(self, name, Path(value))
         object.__setattr__(self, "url", normalize_url(self.url))
         object.__setattr__(self, "fallback_urls", self._normalize_fallbacks())
         if self.plaintext_off_loopback and not self.allow_plaintext:

@@ -161,3 +161,22 @@ local function park(q, sid, due_ms, count, last)
   redis.call('ZADD', q.parked, position(sid), sid)
   redis.call('ZADD', q.due, due_ms, 'r:' .. sid)
 end
+
+-- After parking: the parked keys live as long as the queue, and consumers read again in
+-- full (see read.lua) to learn when the retry is due.
+local function announce_parked(q)
+  local pttl = redis.call('PTTL', q.info)
+  if pttl > 0 then
+    for _, key in ipairs({q.due, q.state, q.parked}) do redis.call('PEXPIRE', key, pttl) end
+  end
+  redis.call('PUBLISH', string.sub(q.info, 1, -2) .. 'n', 'c')
+end
+
+-- Give a pending delivery back for redelivery at once: parked as due since long ago,
+-- its score its stream position, so the next read of any consumer (read.lua) hands it
+-- out ahead of anything else due and of what was stored after it, and deliveries given
+-- back (in one call or several: a closing stream's read-ahead, then what it handed out)
+-- come back in stream order. Its delivery count is kept (a redelivery adds one).
+local function give_back(q, sid, count, last)
+  park(q, sid, position(sid), count, last)
+end

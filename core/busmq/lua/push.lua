@@ -3,7 +3,8 @@
 -- (Unix ms, '+ms' from now by Redis's clock, '' now), expires (the same; '' never), then
 -- (payload, kind, headers) per message.
 -- A message due later keeps its id and waits in `delayed` until a read promotes it.
--- Publishes the last id on the channel to wake idle consumers.
+-- Publishes the last id on the channel to wake idle consumers; 'c' instead for a message
+-- due later or expiring, which consumers read in full (see read.lua) from then on.
 -- Returns {first id, 1 if this request_id was already stored (nothing written) else 0}.
 local info, stream, due_key, delayed, dedupe = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 if redis.call('EXISTS', info) == 0 then return redis.error_reply('NOQUEUE queue does not exist') end
@@ -24,7 +25,8 @@ local function absolute(spec)
   return spec
 end
 local due, expires = absolute(ARGV[3]), absolute(ARGV[4])
-if due ~= '' and tonumber(due) > now then
+local delayed_push = due ~= '' and tonumber(due) > now
+if delayed_push then
   for i = 0, n - 1 do
     local base = 5 + i * 3
     local id = tostring(first + i)
@@ -55,5 +57,9 @@ if redis.call('PTTL', stream) == -1 then
   if pttl > 0 then redis.call('PEXPIRE', stream, pttl) end
 end
 if dedupe then redis.call('SET', dedupe, first, 'PX', ARGV[1]) end
-redis.call('PUBLISH', ARGV[2], first + n - 1)
+if delayed_push or expires ~= '' then
+  redis.call('PUBLISH', ARGV[2], 'c')
+else
+  redis.call('PUBLISH', ARGV[2], first + n - 1)
+end
 return {first, 0}

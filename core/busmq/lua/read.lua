@@ -3,9 +3,12 @@
 -- messages, expiry and the per-key rate limit.
 -- KEYS: QueueKeys.with_dead_letters(). ARGV: consumer, count, noack ('1' at-most-once),
 -- queue name.
--- Returns {entries, retried, wait}: entries as XREADGROUP gives them ({id, fields}),
--- retried as {id, fields, delivery count}, and wait: -2 paused, -1 nothing scheduled,
--- else ms until something (a retry, a delayed message, a rate-limit token) is due.
+-- Returns {entries, retried, wait, lean}: entries as XREADGROUP gives them ({id, fields}),
+-- retried as {id, fields, delivery count}, wait: -2 paused, -1 nothing scheduled, else ms
+-- until something (a retry, a delayed message, a rate-limit token) is due; lean is 1 when
+-- nothing here applies to the queue (no control set, nothing scheduled, no promoted
+-- message waiting): the consumer may then read with a plain XREADGROUP until told that
+-- this changed (a 'c' publication on the queue's channel, see notifier.py).
 local q, dq = queue_keys(KEYS, 1), queue_keys(KEYS, 11)
 local consumer, want, noack, name = ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1', ARGV[4]
 local conf = redis.call('HMGET', q.info, 'paused', 'rate', 'tk', 'tt', 'krate', 'expiring', 'expdrop')
@@ -131,4 +134,9 @@ end
 if tokens then
   redis.call('HSET', q.info, 'tk', tokens - #entries - #retried, 'tt', now)
 end
-return {entries, retried, wait}
+local lean = 0
+if not (conf[2] or conf[5] or conf[6]) and wait == -1
+    and redis.call('EXISTS', q.due, q.alias) == 0 then
+  lean = 1
+end
+return {entries, retried, wait, lean}

@@ -1,18 +1,16 @@
--- Give back every delivery pending for consumer ARGV[1] so the next claim of any
--- consumer redelivers it: its idle time is set far in the past (JUSTID keeps the
--- delivery count). KEYS: stream. Returns how many were released.
-local stream, consumer = KEYS[1], ARGV[1]
-local total, start = 0, '-'
+-- Give back every delivery pending for consumer ARGV[1] for redelivery at once, in
+-- order, to the next read of any consumer (see give_back). KEYS: QueueKeys.all().
+-- Returns how many were released.
+local q = queue_keys(KEYS, 1)
+local consumer = ARGV[1]
+local held, start = {}, '-'
 while true do
-  local pending = redis.call('XPENDING', stream, GROUP, start, '+', 1000, consumer)
-  if #pending == 0 then return total end
-  local args = {'XCLAIM', stream, GROUP, consumer, 0}
-  for _, p in ipairs(pending) do args[#args + 1] = p[1] end
-  args[#args + 1] = 'IDLE'
-  args[#args + 1] = 1000000000000
-  args[#args + 1] = 'JUSTID'
-  redis.call(unpack(args))
-  total = total + #pending
-  if #pending < 1000 then return total end
+  local pending = redis.call('XPENDING', q.stream, GROUP, start, '+', 1000, consumer)
+  for _, p in ipairs(pending) do held[#held + 1] = p end
+  if #pending < 1000 then break end
   start = '(' .. pending[#pending][1]
 end
+local now = now_ms()
+for _, p in ipairs(held) do give_back(q, p[1], p[4], now - p[3]) end
+if #held > 0 then announce_parked(q) end
+return #held

@@ -1,6 +1,6 @@
 -- Settle at-least-once deliveries other than by ack: retry them after a delay, reject
 -- them to the dead-letter queue, or release them (given back as they are, for the next
--- claim: not a failure, so no limit applies).
+-- read of any consumer: not a failure, so no limit applies).
 -- KEYS: QueueKeys.with_dead_letters(). ARGV: op ('retry', 'reject' or 'release'), queue name,
 -- consumer, delay (ms, or 'policy <initial ms> <factor> <max ms> <jitter multiplier>':
 -- initial * factor^(deliveries - 1), at most max, times the multiplier), max_deliveries
@@ -19,10 +19,6 @@ local max_deliveries = tonumber(ARGV[5] ~= '' and ARGV[5] or redis.call('HGET', 
 local now = now_ms()
 local unknown = {}
 local parked = false
--- Claimable by the next claim of any consumer at once; JUSTID keeps the delivery count.
-local function give_back(sid)
-  redis.call('XCLAIM', q.stream, GROUP, consumer, 0, sid, 'IDLE', 1000000000000, 'JUSTID')
-end
 for i = 7, #ARGV do
   local sid = stream_id_of(q, ARGV[i])
   local p = redis.call('XPENDING', q.stream, GROUP, sid, sid, 1)[1]
@@ -31,7 +27,8 @@ for i = 7, #ARGV do
     if p then redis.call('XACK', q.stream, GROUP, sid) end -- trimmed while pending
     unknown[#unknown + 1] = ARGV[i]
   elseif op == 'release' then
-    give_back(sid)
+    give_back(q, sid, p[4], now - p[3])
+    parked = true
   else
     local idle, count = p[3], p[4]
     if count == 1 then redis.call('HSETNX', q.state, 'f:' .. sid, now - idle) end
@@ -44,19 +41,12 @@ for i = 7, #ARGV do
       local delay = delay_after(count)
       if delay > 0 then
         park(q, sid, now + delay, count, now - idle)
-        parked = true
       else
-        give_back(sid)
+        give_back(q, sid, count, now - idle)
       end
+      parked = true
     end
   end
 end
-if parked then
-  local pttl = redis.call('PTTL', q.info)
-  if pttl > 0 then
-    for _, key in ipairs({q.due, q.state, q.parked}) do redis.call('PEXPIRE', key, pttl) end
-  end
-  -- Idle consumers read again and learn when the retry is due.
-  redis.call('PUBLISH', string.sub(q.info, 1, -2) .. 'n', 0)
-end
+if parked then announce_parked(q) end
 return unknown

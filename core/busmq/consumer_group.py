@@ -1,0 +1,62 @@
+"""What a destructive consumer asks of its queue's consumer group (Redis scripts):
+take over overdue deliveries, give back what it holds, leave the group when it closes."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .message import Message, decode_entry
+
+if TYPE_CHECKING:
+    from .queue import Queue
+
+FORGET_CONSUMER_MS = 3_600_000
+"""A consumer idle this long with nothing pending is removed from the group by any
+other consumer's claim (one that ended without leaving: its process died)."""
+
+
+async def claim(
+    queue: Queue, consumer: str, count: int, visibility_timeout: float, max_deliveries: int | None
+) -> list[tuple[Message, int]]:
+    """Up to ``count`` deliveries pending longer than ``visibility_timeout``, taken over by
+    ``consumer``, with their delivery counts, in id order (``claim.lua``: those past
+    ``max_deliveries`` go to the dead letters instead)."""
+    limit = "" if max_deliveries is None else str(max_deliveries)
+    args: list[str | int] = [
+        consumer,
+        int(visibility_timeout * 1000),
+        count,
+        FORGET_CONSUMER_MS,
+        limit,
+        queue.name,
+    ]
+    flat: list[Any] = await queue._run_fast(
+        lambda c: queue._bus.scripts.call(c, "claim", queue._keys.with_dead_letters(), args),
+        idempotent=True,
+    )
+    taken = []
+    for i in range(0, len(flat), 3):
+        entry_id, times, raw = flat[i], int(flat[i + 1]), flat[i + 2]
+        fields = dict(zip(raw[::2], raw[1::2], strict=True))
+        taken.append((decode_entry(entry_id, fields), times))
+    taken.sort(key=lambda t: t[0].id)
+    return taken
+
+
+async def release_pending(queue: Queue, consumer: str) -> int:
+    """Give back everything pending for ``consumer`` (``release.lua``); how many."""
+    released: int = await queue._run(
+        lambda c: queue._bus.scripts.call(c, "release", queue._keys.all(), [consumer]),
+        idempotent=True,
+    )
+    if released:
+        queue._read_in_full()
+    return released
+
+
+async def leave(queue: Queue, consumer: str) -> None:
+    """Remove ``consumer`` from the group if nothing is pending for it (``leave.lua``)."""
+    await queue._run_fast(
+        lambda m: queue._bus.scripts.call(m, "leave", [queue._keys.stream], [consumer]),
+        idempotent=True,
+    )

@@ -1,0 +1,118 @@
+"""Streams coming and going for many rounds through one gateway process: what it keeps
+(memory, file descriptors, threads) levels off, and Redis keeps no consumer per stream
+that ever ran (``bench/soak_bench.py`` prints the same figures per round)."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+from collections.abc import AsyncIterator
+
+import grpc
+import psutil
+import pytest
+from google.protobuf import duration_pb2
+
+from busmq.keys import CONSUMER_GROUP, QueueKeys
+from busmq.v1 import queue_service_pb2 as pb
+from busmq.v1 import queue_service_pb2_grpc, types_pb2
+from tests.support.gateway_process import GatewayProcess
+from tests.support.redis_server import RedisServer
+from tests.support.waiting import eventually
+
+pytestmark = pytest.mark.slow
+
+AUTH = (("authorization", "Bearer gateway-secret-0123456789"),)
+QUEUES, MESSAGES, ROUNDS, CONNECTIONS = 500, 10, 20, 4
+
+
+@pytest.fixture
+async def gateway_process(redis_server: RedisServer) -> AsyncIterator[GatewayProcess]:
+    process = GatewayProcess(redis_server.url)
+    await process.start()
+    try:
+        yield process
+    finally:
+        await process.stop()
+
+
+async def one_round(stubs: list[queue_service_pb2_grpc.QueueServiceStub], names: list[str]) -> None:
+    """Attach every queue, a stream on each, ten pushes to each, every stream reads its
+    ten and is cancelled."""
+    ttl = duration_pb2.Duration(seconds=600)
+    await asyncio.gather(
+        *(
+            stubs[i % CONNECTIONS].AttachQueue(
+                pb.AttachQueueRequest(queue=n, ttl=ttl), metadata=AUTH
+            )
+            for i, n in enumerate(names)
+        )
+    )
+
+    async def read(stub: queue_service_pb2_grpc.QueueServiceStub, name: str) -> None:
+        call = stub.Consume(pb.ConsumeRequest(queue=name), metadata=AUTH)
+        got = 0
+        async for response in call:
+            got += response.HasField("delivery")
+            if got == MESSAGES:
+                break
+        call.cancel()
+
+    readers = [asyncio.create_task(read(stubs[i % CONNECTIONS], n)) for i, n in enumerate(names)]
+    payload = [types_pb2.OutgoingMessage(payload=b"x" * 32)] * MESSAGES
+    pushes = [pb.PushRequest(queue=n, messages=payload) for n in names]
+    for start in range(0, len(pushes), 250):
+        await stubs[0].PushMany(
+            pb.PushManyRequest(pushes=pushes[start : start + 250]), metadata=AUTH
+        )
+    await asyncio.wait_for(asyncio.gather(*readers), 120)
+
+
+async def test_streams_coming_and_going_for_twenty_rounds_leave_nothing_behind(
+    redis_server: RedisServer, gateway_process: GatewayProcess
+) -> None:
+    names = [f"soak-{i}" for i in range(QUEUES)]
+    options = [("grpc.use_local_subchannel_pool", 1)]  # one HTTP/2 connection each
+    channels = [
+        grpc.aio.insecure_channel(gateway_process.target, options=options)
+        for _ in range(CONNECTIONS)
+    ]
+    stubs = [queue_service_pb2_grpc.QueueServiceStub(c) for c in channels]
+    admin = redis_server.client()
+    assert gateway_process.process is not None
+    gateway = psutil.Process(gateway_process.process.pid)
+    rss: list[float] = []
+    fds: list[int] = []
+    try:
+        for _ in range(ROUNDS):
+            await one_round(stubs, names)
+
+            async def streams_closed() -> bool:  # the gateway saw every cancel
+                pipe = admin.pipeline(transaction=False)
+                for name in names:
+                    pipe.xinfo_groups(QueueKeys(name).stream)
+                groups = await pipe.execute()
+                return all(
+                    int(g["consumers"]) == 0
+                    for listed in groups
+                    for g in listed
+                    if g["name"] == CONSUMER_GROUP.encode()
+                )
+
+            # Each stream's consumer left the group when its stream ended: no consumer
+            # per stream ever run piles up in Redis.
+            await eventually(streams_closed, timeout=20, what="every stream's consumer gone")
+            rss.append(gateway.memory_info().rss / 2**20)
+            fds.append(gateway.num_fds())
+    finally:
+        for channel in channels:
+            await channel.close()
+        await admin.aclose()
+    print(f"\ngateway RSS by round (MiB): {[round(r, 1) for r in rss]}; fds {fds}")
+    # Levelled off after a warm-up: the last five rounds against rounds 5 to 9 (medians,
+    # so that one round's allocator noise does not decide).
+    grew = statistics.median(rss[15:]) - statistics.median(rss[4:9])
+    assert grew < 10, f"RSS grew {grew:.1f} MiB from rounds 5-9 to rounds 16-20"
+    # File descriptors: client connections, and Redis connections that redis-py's pool
+    # opens under bursts up to max_connections; level over the last five rounds.
+    assert max(fds[15:]) - min(fds[15:]) <= 4, fds
