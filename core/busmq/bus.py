@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 from .channel import Channel
 from .cluster import ClusterShard
+from .context import Lease
 from .embedded import EmbeddedRedis
 from .errors import BusClosedError, BusError, BusUnavailableError
 from .events import Event, EventHub
@@ -65,7 +66,7 @@ class Bus:
         self.embedded: EmbeddedRedis | None = None
         self.scripts: Scripts
         self.placement = Placement()
-        self.attached: set[Queue] = set()
+        self.attached: set[Lease] = set()
         self.counters = ProcessCounters()
         self._renewer: asyncio.Task[None] | None = None
         self._state = BusState.CREATED
@@ -241,9 +242,9 @@ class Bus:
         interval = self.settings.lease_seconds / 3
         while True:
             await asyncio.sleep(interval)
-            await self._renew(tuple(q for q in self.attached if q._auto_renew))
+            await self._renew(tuple(q for q in self.attached if q.auto_renew))
 
-    async def _renew(self, queues: Iterable[Queue]) -> None:
+    async def _renew(self, queues: Iterable[Lease]) -> None:
         results = await asyncio.gather(*(q.renew() for q in queues), return_exceptions=True)
         for queue, result in zip(queues, results, strict=True):
             if isinstance(result, BaseException):

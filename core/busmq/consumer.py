@@ -35,9 +35,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-import redis.exceptions as rex
+from typing import Any, Protocol
 
 from . import consumer_group
 from .acks import AckBatcher
@@ -48,25 +46,32 @@ from .errors import (
     BusError,
     BusUnavailableError,
     ModeConflictError,
-    QueueNotFoundError,
-    RedisCommandError,
     UnknownMessageError,
 )
-from .events import Event
-from .keys import CONSUMER_GROUP
-from .message import Delivery, decode_raw, int_to_stream_id, stream_entries
-from .mux import MuxClient
+from .events import Event, EventHub
+from .message import Delivery, decode_raw, int_to_stream_id
 from .notifier import WakeUp
-
-if TYPE_CHECKING:
-    from .queue import Queue
+from .queue_store import QueueStore
+from .reads import GroupMissing, read_full, read_lean, read_replay
 
 log = logging.getLogger(__name__)
 
 
-_GROUP = CONSUMER_GROUP.encode()
 _LEAN_SECONDS = 5.0  # longest run of lean reads between two full ones
-_ORIGINAL_ID = b"i"  # the field of a delayed message stored after later ones
+
+
+class ConsumerHost(Protocol):
+    """What a consumer needs of its queue object (a :class:`~busmq.queue.Queue`)."""
+
+    name: str
+    events: EventHub[Event]
+    consumed: int
+    """Messages this process's consumers of the queue handed out."""
+    store: QueueStore
+    _consumers: set[Consumer]
+    """The queue object's consumers that started and have not closed."""
+
+    async def ack(self, *ids: int) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -86,7 +91,7 @@ class Consumer:
 
     def __init__(
         self,
-        queue: Queue,
+        queue: ConsumerHost,
         mode: Mode,
         *,
         max: int | None,
@@ -106,13 +111,14 @@ class Consumer:
             retry_policy=retry_policy,
         )
         self.queue = queue
+        self._store = store = queue.store
         self.mode = mode
         self.max = max
         self.prefetch = prefetch
         self.visibility_timeout = visibility_timeout
         self.max_deliveries = max_deliveries
         self.retry_policy = retry_policy
-        self.name = f"{queue._bus.client_id}:{next(self._ids)}"
+        self.name = f"{store.bus.client_id}:{next(self._ids)}"
         self.delivered = 0
         self._from_id = from_id
         self._fetched = 0
@@ -143,13 +149,14 @@ class Consumer:
         if self._stopping:
             raise BusClosedError("consumer was stopped")
         queue = self.queue
-        current, last_id = await queue._prepare_consumer(self.mode.family)
+        current, last_id = await self._store.prepare_consumer(self.mode.family)
         if current != self.mode.family:
             raise ModeConflictError(queue.name, current, self.mode.family)
         if self.mode is Mode.REPLAY:
             start = last_id + 1 if self._from_id == LATEST else max(self._from_id, 1)
             self._cursor = int_to_stream_id(start - 1)
         queue._consumers.add(self)
+        self._store.wakes.add(self._wake)
         self._reader = asyncio.create_task(self._read_loop(), name=f"busmq-consumer {self.name}")
         queue.events.emit(Event("consuming", queue.name, details={"mode": self.mode.value}))
 
@@ -172,7 +179,7 @@ class Consumer:
             # the rest; but not wait out an outage (at-least-once: it comes back after
             # the visibility timeout).
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.queue._bus.settings.operation_timeout):
+                async with asyncio.timeout(self._store.bus.settings.operation_timeout):
                     await self._not_reading.wait()
             self._reader.cancel()
             await asyncio.gather(self._reader, return_exceptions=True)
@@ -182,13 +189,14 @@ class Consumer:
         await self._acks.drain()
         if self.mode is Mode.AT_MOST_ONCE:
             try:
-                await self.queue._send_deferred()  # what it read leaves the stream now
+                await self._store.send_deferred()  # what it read leaves the stream now
             except BusError as exc:
                 log.debug("could not send the deletes of %s: %s", self.name, exc)
         await self._release(leftovers)
         await self._leave_group()
         if self in self.queue._consumers:
             self.queue._consumers.discard(self)
+            self._store.wakes.discard(self._wake)
             details = {"consumer": self.name}
             self.queue.events.emit(Event("stopped", self.queue.name, details=details))
 
@@ -196,7 +204,7 @@ class Consumer:
         if self.mode is Mode.REPLAY or self._reader is None:
             return  # replay reads without the group; never started: never joined
         try:
-            await consumer_group.leave(self.queue, self.name)
+            await consumer_group.leave(self._store, self.name)
         except BusError as exc:  # an idle consumer is forgotten later (claim.lua)
             log.debug("%s could not leave the group of %s: %s", self.name, self.queue.name, exc)
 
@@ -318,13 +326,14 @@ class Consumer:
         """Acknowledge every delivery of this consumer with an id up to ``message_id``.
         Returns how many were pending and are now acknowledged."""
         self._require_acks()
-        acked: int = await self.queue._run_fast(
-            lambda c: self.queue._bus.scripts.call(
-                c, "ack_upto", [self.queue._keys.stream], [self.name, int_to_stream_id(message_id)]
+        store = self._store
+        acked: int = await store.run_fast(
+            lambda c: store.bus.scripts.call(
+                c, "ack_upto", [store.keys.stream], [self.name, int_to_stream_id(message_id)]
             ),
             idempotent=True,
         )
-        self.queue._bus.counters.add("acked", self.queue.name, acked)
+        self._store.bus.counters.add("acked", self.queue.name, acked)
         return acked
 
     async def nack(self, ids: Sequence[int]) -> None:
@@ -337,7 +346,7 @@ class Consumer:
         acked), for prompt redelivery to any consumer; returns how many. For a consumer
         whose deliveries went to a process that is gone (e.g. a closed gRPC stream)."""
         self._require_acks()
-        return await consumer_group.release_pending(self.queue, self.name)
+        return await consumer_group.release_pending(self._store, self.name)
 
     def _require_acks(self) -> None:
         if self.mode is not Mode.AT_LEAST_ONCE:
@@ -361,7 +370,7 @@ class Consumer:
         them. Returns the ids that were not pending."""
         self._require_acks()
         return await settle(
-            self.queue,
+            self._store,
             self.name,
             ids,
             settlement,
@@ -370,15 +379,17 @@ class Consumer:
         )
 
     async def _flush_acks(self, ids: list[int]) -> list[int]:
-        unknown: list[int] = await self.queue._ack_ids(ids)
-        return unknown
+        return await self._store.ack(ids)
 
     # -- fetching -------------------------------------------------------------------
 
     async def _read_loop(self) -> None:
-        shard = self.queue._shard
+        shard = self._store.shard
         assert shard is not None, "start() locates the queue"
-        wake = self._wake = await shard.notifier.watch(self.queue.name)
+        wake = await shard.notifier.watch(self.queue.name)
+        self._store.wakes.discard(self._wake)
+        self._store.wakes.add(wake)
+        self._wake = wake
         backoff = 0.05
         end = _End()
         try:
@@ -395,10 +406,10 @@ class Consumer:
                 except BusUnavailableError as exc:
                     self.queue.events.emit(Event("error", self.queue.name, error=exc))
                     await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, self.queue._bus.settings.reconnect_backoff_max)
+                    backoff = min(backoff * 2, self._store.bus.settings.reconnect_backoff_max)
                     continue
-                except _GroupMissing:
-                    await self.queue._prepare_consumer(self.mode.family)
+                except GroupMissing:
+                    await self._store.prepare_consumer(self.mode.family)
                     continue
                 backoff = 0.05
                 if batch and wake.pauses != pauses and self.mode is Mode.AT_LEAST_ONCE:
@@ -406,7 +417,7 @@ class Consumer:
                     continue
                 if batch:
                     self._fetched += len(batch)
-                    self.queue._bus.counters.delivered(self.queue.name, batch)
+                    self._store.bus.counters.delivered(self.queue.name, batch)
                     self._unbuffered = batch
                     await self._buffer.put(batch)
                     self._unbuffered = []
@@ -448,12 +459,12 @@ class Consumer:
 
     @property
     def _claim_interval(self) -> float:
-        return min(self.visibility_timeout / 2, self.queue._bus.settings.block_seconds)
+        return min(self.visibility_timeout / 2, self._store.bus.settings.block_seconds)
 
     @property
     def _idle_seconds(self) -> float:
         """Longest wait for a wake-up when the queue looked empty."""
-        idle = self.queue._bus.settings.block_seconds
+        idle = self._store.bus.settings.block_seconds
         if self.mode is Mode.AT_LEAST_ONCE:
             idle = min(idle, self._claim_interval)
         return idle
@@ -462,111 +473,48 @@ class Consumer:
         if self.mode is Mode.REPLAY:
             return await self._fetch_replay(count)
         loop = asyncio.get_running_loop()
+        noack = self.mode is Mode.AT_MOST_ONCE
         if self._lean and not self._wake.recheck and loop.time() < self._lean_until:
-            return await self._fetch_lean(count)
+            entries = await read_lean(self._store, self.name, count, noack)
+            self._due_in = None
+            if noack:
+                return [Delivery(decode_raw(eid, fields), 1, None) for eid, fields in entries]
+            settle, control = self._settle, self._settle_other
+            return [
+                Delivery(decode_raw(eid, fields), 1, settle, control) for eid, fields in entries
+            ]
         # Cleared before the read: a change announced while it runs marks it again.
         self._wake.recheck = False
         self._lean = False
-        queue = self.queue
-        noack = "1" if self.mode is Mode.AT_MOST_ONCE else "0"
-        args: list[str | int] = [self.name, count, noack, queue.name]
-        keys = queue._keys.with_dead_letters()
-        try:
-            entries, retried, wait, *lean = await queue._run_fast(
-                lambda m: queue._bus.scripts.call(m, "read", keys, args), idempotent=True
-            )
-        except RedisCommandError as exc:
-            if str(exc).startswith("NOGROUP"):  # the stream is gone: check, recreate
-                raise _GroupMissing from None
-            raise
-        self._lean = bool(lean and lean[0])
+        entries, retried, wait, self._lean = await read_full(self._store, self.name, count, noack)
         if self._lean:
             self._lean_until = loop.time() + _LEAN_SECONDS * (0.5 + random.random() / 2)
-        self._due_in = None if int(wait) < 0 else int(wait) / 1000
-        settle: Callable[[int, bool], Awaitable[None]] | None = None
-        control: Callable[[int, Settlement], Awaitable[None]] | None = None
-        if self.mode is Mode.AT_LEAST_ONCE:
-            settle, control = self._settle, self._settle_other
+        self._due_in = None if wait < 0 else wait / 1000
+        settle_one: Callable[[int, bool], Awaitable[None]] | None = None
+        control_one: Callable[[int, Settlement], Awaitable[None]] | None = None
+        if not noack:
+            settle_one, control_one = self._settle, self._settle_other
         deliveries = [
-            Delivery(decode_raw(eid, fields), int(times), settle, control)
+            Delivery(decode_raw(eid, fields), int(times), settle_one, control_one)
             for eid, fields, times in retried
         ]
         deliveries.extend(
-            Delivery(decode_raw(eid, fields), 1, settle, control) for eid, fields in entries
+            Delivery(decode_raw(eid, fields), 1, settle_one, control_one) for eid, fields in entries
         )
         return deliveries
 
-    async def _fetch_lean(self, count: int) -> list[Delivery]:
-        """A plain ``XREADGROUP`` (see the module docstring). At-most-once deletes what it
-        read with the connection's next write (``MuxClient.defer``: no write of its own
-        under load, at most ``DEFER_SECONDS`` later when idle); a count or ``close()``
-        sends it first."""
-        queue = self.queue
-        keys = queue._keys
-        stream = keys.stream
-        noack = self.mode is Mode.AT_MOST_ONCE
-        read: tuple[Any, ...] = (b"XREADGROUP", b"GROUP", _GROUP, self.name, b"COUNT", count)
-        read += (b"NOACK", b"STREAMS", stream, b">") if noack else (b"STREAMS", stream, b">")
-
-        async def run(mux: MuxClient) -> list[Any]:
-            entries = stream_entries(await mux.execute(*read))
-            if noack and entries:
-                mux.defer(b"XDEL", stream, *[entry[0] for entry in entries])
-                originals = [_original_id(f) for _, f in entries if len(f) != 6]
-                if any(originals):  # promoted by another consumer's full read meanwhile
-                    mux.defer(b"HDEL", keys.alias, *[o for o in originals if o])
-            return entries
-
-        try:
-            entries = await queue._run_fast(run, idempotent=True)
-        except RedisCommandError as exc:
-            if str(exc).startswith("NOGROUP"):  # the stream is gone: check, recreate
-                raise _GroupMissing from None
-            raise
-        self._due_in = None
-        if noack:
-            return [Delivery(decode_raw(eid, fields), 1, None) for eid, fields in entries]
-        settle, control = self._settle, self._settle_other
-        return [Delivery(decode_raw(eid, fields), 1, settle, control) for eid, fields in entries]
-
     async def _fetch_replay(self, count: int) -> list[Delivery]:
-        reply, has_due = await self.queue._run_fast(lambda m: self._read(m, count), idempotent=True)
-        if has_due:  # delayed messages wait outside the stream: store those now due
-            queue = self.queue
-            wait = await queue._run_fast(
-                lambda m: queue._bus.scripts.call(m, "promote", queue._keys.all(), [count]),
-                idempotent=True,
-            )
-            self._due_in = None if int(wait) < 0 else int(wait) / 1000
-        else:
-            self._due_in = None
-        entries = stream_entries(reply)
+        entries, wait = await read_replay(self._store, self._cursor, count)
+        self._due_in = None if wait < 0 else wait / 1000
         if not entries:
             return []
         last = entries[-1][0]
         self._cursor = last.decode() if isinstance(last, bytes) else last
         return [Delivery(decode_raw(eid, fields), 1, None) for eid, fields in entries]
 
-    async def _read(self, mux: MuxClient, count: int) -> tuple[Any, bool]:
-        """Replay: ``XREAD`` from the cursor; also whether delayed messages wait."""
-        keys = self.queue._keys
-        exists, entries, due = await mux.execute_many(
-            [
-                (b"EXISTS", keys.info),
-                (b"XREAD", b"COUNT", count, b"STREAMS", keys.stream, self._cursor),
-                (b"EXISTS", keys.due),
-            ]
-        )
-        for result in (exists, entries, due):
-            if isinstance(result, rex.RedisError):
-                raise result
-        if not exists:  # a missing stream reads as empty: notice a closed queue instead
-            raise QueueNotFoundError(self.queue.name)
-        return entries, bool(due)
-
     async def _claim(self, count: int) -> list[Delivery]:
         taken = await consumer_group.claim(
-            self.queue, self.name, count, self.visibility_timeout, self.max_deliveries
+            self._store, self.name, count, self.visibility_timeout, self.max_deliveries
         )
         if taken:
             # Its lease ran out while this consumer still holds it (fetched, not handed
@@ -587,14 +535,3 @@ class Consumer:
             if not isinstance(item, _End):
                 ids.update(d.id for d in item)
         return ids
-
-
-def _original_id(flat: Sequence[bytes]) -> bytes | None:
-    for i in range(0, len(flat), 2):
-        if flat[i] == _ORIGINAL_ID:
-            return flat[i + 1]
-    return None
-
-
-class _GroupMissing(Exception):
-    """The consumer group vanished (the stream expired or was recreated)."""

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from .message import Message, decode_entry
 
 if TYPE_CHECKING:
-    from .queue import Queue
+    from .queue_store import QueueStore
 
 FORGET_CONSUMER_MS = 3_600_000
 """A consumer idle this long with nothing pending is removed from the group by any
@@ -16,7 +16,11 @@ other consumer's claim (one that ended without leaving: its process died)."""
 
 
 async def claim(
-    queue: Queue, consumer: str, count: int, visibility_timeout: float, max_deliveries: int | None
+    queue: QueueStore,
+    consumer: str,
+    count: int,
+    visibility_timeout: float,
+    max_deliveries: int | None,
 ) -> list[tuple[Message, int]]:
     """Up to ``count`` deliveries pending longer than ``visibility_timeout``, taken over by
     ``consumer``, with their delivery counts, in id order (``claim.lua``: those past
@@ -30,8 +34,8 @@ async def claim(
         limit,
         queue.name,
     ]
-    flat: list[Any] = await queue._run_fast(
-        lambda c: queue._bus.scripts.call(c, "claim", queue._keys.with_dead_letters(), args),
+    flat: list[Any] = await queue.run_fast(
+        lambda c: queue.bus.scripts.call(c, "claim", queue.keys.with_dead_letters(), args),
         idempotent=True,
     )
     taken = []
@@ -43,20 +47,20 @@ async def claim(
     return taken
 
 
-async def release_pending(queue: Queue, consumer: str) -> int:
+async def release_pending(queue: QueueStore, consumer: str) -> int:
     """Give back everything pending for ``consumer`` (``release.lua``); how many."""
-    released: int = await queue._run(
-        lambda c: queue._bus.scripts.call(c, "release", queue._keys.all(), [consumer]),
+    released: int = await queue.run(
+        lambda c: queue.bus.scripts.call(c, "release", queue.keys.all(), [consumer]),
         idempotent=True,
     )
     if released:
-        queue._read_in_full()
+        queue.read_in_full()
     return released
 
 
-async def leave(queue: Queue, consumer: str) -> None:
+async def leave(queue: QueueStore, consumer: str) -> None:
     """Remove ``consumer`` from the group if nothing is pending for it (``leave.lua``)."""
-    await queue._run_fast(
-        lambda m: queue._bus.scripts.call(m, "leave", [queue._keys.stream], [consumer]),
+    await queue.run_fast(
+        lambda m: queue.bus.scripts.call(m, "leave", [queue.keys.stream], [consumer]),
         idempotent=True,
     )

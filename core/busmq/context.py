@@ -7,11 +7,25 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from .events import Event, EventHub
     from .placement import Placement
-    from .queue import Queue
     from .scripts import Scripts
     from .settings import BusSettings
     from .stats import ProcessCounters
+
+
+class Lease(Protocol):
+    """An attachment whose lease the bus renews (a :class:`~busmq.queue.Queue`)."""
+
+    name: str
+    events: EventHub[Event]
+
+    @property
+    def auto_renew(self) -> bool: ...
+
+    async def renew(self) -> bool: ...
+
+    async def detach(self) -> None: ...
 
 
 class BusContext(Protocol):
@@ -20,7 +34,7 @@ class BusContext(Protocol):
     """Unique per bus instance: names this process's attachments and consumers."""
     scripts: Scripts
     placement: Placement
-    attached: set[Queue]
+    attached: set[Lease]
     """Queues attached through this bus, whose leases it renews."""
     counters: ProcessCounters
     """What this process pushed, delivered, acked... per queue (:mod:`busmq.stats`)."""

@@ -36,7 +36,7 @@ from .errors import QueueNotFoundError, RedisCommandError
 from .keys import CONSUMER_GROUP, QueueKeys, dead_letter_name
 
 if TYPE_CHECKING:
-    from .queue import Queue
+    from .queue_store import QueueStore
 
 DEAD_HEADERS = (
     "busmq-dead-reason",
@@ -195,24 +195,24 @@ def error_text(error: str | BaseException | None) -> str:
     return text[:MAX_ERROR_TEXT]
 
 
-async def set_controls(queue: Queue, **fields: str | None) -> None:
+async def set_controls(queue: QueueStore, **fields: str | None) -> None:
     """Set (a str) or remove (None) control fields of the queue's info hash and wake its
     consumers, atomically and only if the queue exists (a plain HSET would create it)."""
-    keys = queue._keys
+    keys = queue.keys
     args: list[str] = [keys.notify_channel]
     for name, value in fields.items():
         args += (name, value or "")
     try:
-        await queue._run(
-            lambda c: queue._bus.scripts.call(c, "controls", [keys.info], args), idempotent=True
+        await queue.run(
+            lambda c: queue.bus.scripts.call(c, "controls", [keys.info], args), idempotent=True
         )
     except RedisCommandError as exc:
-        raise queue._script_error(exc) from None
+        raise queue.script_error(exc) from None
 
 
-async def read_info(queue: Queue) -> QueueInfo:
-    await queue._send_deferred()
-    keys = queue._keys
+async def read_info(queue: QueueStore) -> QueueInfo:
+    await queue.send_deferred()
+    keys = queue.keys
     dead = QueueKeys(dead_letter_name(queue.name))
 
     async def run(client: aioredis.Redis) -> list[object]:
@@ -226,7 +226,7 @@ async def read_info(queue: Queue) -> QueueInfo:
         result: list[object] = await pipe.execute(raise_on_error=False)
         return result
 
-    conf, count, delayed, dead_count, groups, pttl = await queue._run(run, idempotent=True)
+    conf, count, delayed, dead_count, groups, pttl = await queue.run(run, idempotent=True)
     assert isinstance(conf, list)
     if conf[0] is None:
         raise QueueNotFoundError(queue.name)
@@ -255,20 +255,20 @@ def _int(value: object) -> int:
     return value if isinstance(value, int) else 0
 
 
-async def requeue_dead(queue: Queue, ids: list[int] | None, limit: int) -> list[int]:
+async def requeue_dead(queue: QueueStore, ids: list[int] | None, limit: int) -> list[int]:
     args: list[str | int] = [limit, *(ids or [])]
     try:
-        reply: list[int] = await queue._run(
-            lambda c: queue._bus.scripts.call(c, "requeue", queue._keys.with_dead_letters(), args),
+        reply: list[int] = await queue.run(
+            lambda c: queue.bus.scripts.call(c, "requeue", queue.keys.with_dead_letters(), args),
             idempotent=False,
         )
     except RedisCommandError as exc:
-        raise queue._script_error(exc) from None
+        raise queue.script_error(exc) from None
     return [int(i) for i in reply]
 
 
 async def settle(
-    queue: Queue,
+    queue: QueueStore,
     consumer: str,
     ids: Sequence[int],
     settlement: Settlement,
@@ -302,26 +302,26 @@ async def settle(
     async def run(client: aioredis.Redis) -> list[bytes]:
         nonlocal attempts
         attempts += 1
-        keys = queue._keys.with_dead_letters()
-        unknown: list[bytes] = await queue._bus.scripts.call(client, "settle", keys, args)
+        keys = queue.keys.with_dead_letters()
+        unknown: list[bytes] = await queue.bus.scripts.call(client, "settle", keys, args)
         return unknown
 
     # Safe to send again (through a failover): what the first attempt settled is no longer
     # pending, so a second one leaves it alone.
-    unknown = await queue._run(run, idempotent=True)
+    unknown = await queue.run(run, idempotent=True)
     if attempts > 1:  # an attempt whose reply was lost may have settled them
         unknown = []
     if op != "reject":
-        queue._read_in_full()  # what was parked here is due before what was stored after
+        queue.read_in_full()  # what was parked here is due before what was stored after
     if op != "release":
         kind = "rejected" if op == "reject" else "retried"
-        queue._bus.counters.add(kind, queue.name, len(ids) - len(unknown))
+        queue.bus.counters.add(kind, queue.name, len(ids) - len(unknown))
     return [int(u) for u in unknown]
 
 
-async def has_consumer(queue: Queue, consumer: str) -> bool:
+async def has_consumer(queue: QueueStore, consumer: str) -> bool:
     """Whether ``consumer`` is registered in ``queue``'s consumer group."""
-    stream = queue._keys.stream
+    stream = queue.keys.stream
 
     async def read(client: aioredis.Redis) -> list[dict[str, object]]:
         try:
@@ -330,7 +330,7 @@ async def has_consumer(queue: Queue, consumer: str) -> bool:
             return []
         return found
 
-    names = {_text(c.get("name")) for c in await queue._run(read, idempotent=True)}
+    names = {_text(c.get("name")) for c in await queue.run(read, idempotent=True)}
     return consumer in names
 
 

@@ -22,7 +22,7 @@ from .keys import CONSUMER_GROUP, DEAD_SUFFIX, PREFIX, QueueKeys
 from .message import Message, decode_entry
 
 if TYPE_CHECKING:
-    from .queue import Queue
+    from .queue_store import QueueStore
     from .shard import Shard
 
 SCAN_COUNT = 1000
@@ -294,7 +294,7 @@ def _long(shard: Shard) -> float:
 
 
 async def browse(
-    queue: Queue,
+    queue: QueueStore,
     from_id: int = 0,
     to_id: int | None = None,
     *,
@@ -311,7 +311,7 @@ async def browse(
 
 
 async def browse_pages(
-    queue: Queue,
+    queue: QueueStore,
     from_id: int = 0,
     to_id: int | None = None,
     *,
@@ -327,17 +327,17 @@ async def browse_pages(
         raise ValueError("follow reads on without an end: give no to_id")
     if page < 1:
         raise ValueError("page must be at least 1")
-    stream = queue._keys.stream
+    stream = queue.keys.stream
     start = f"{from_id}-0"
     # The last id a stream can hold is 2**64 - 1: a to_id at or past it has no end.
     end = "+" if to_id is None or to_id >= MAX_STREAM_SEQ else f"({to_id + 1}-0"
-    shard = await queue._located() if follow else None
+    shard = await queue.located() if follow else None
     wake = await shard.notifier.watch(queue.name) if shard is not None else None
     try:
         while True:
             if wake is not None:
                 wake.clear()  # before reading, so a push during the read is not missed
-            entries = await queue._run(
+            entries = await queue.run(
                 functools.partial(_xrange, stream=stream, start=start, end=end, count=page),
                 idempotent=True,
             )

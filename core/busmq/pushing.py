@@ -19,7 +19,7 @@ from .errors import (
 from .message import EncodedMessage, Payload, PayloadKind, encode_item
 
 if TYPE_CHECKING:
-    from .queue import Queue
+    from .queue_store import QueueStore
 
 Headers = Mapping[str, str]
 Item = Payload | tuple[Payload, Headers | None] | EncodedMessage
@@ -69,7 +69,7 @@ def flatten_encoded(encoded: Sequence[EncodedMessage]) -> Flat:
 
 
 async def store(
-    queue: Queue,
+    queue: QueueStore,
     flat: Flat,
     count: int,
     request_id: str | None,
@@ -77,10 +77,10 @@ async def store(
     due_and_expiry: tuple[str, str],
 ) -> PushResult:
     """Run the push script for ``count`` flattened messages on ``queue``."""
-    queue._require_open()
+    queue.require_open()
     if not count:
         return PushResult([], False)
-    bus, keys = queue._bus, queue._keys
+    bus, keys = queue.bus, queue.keys
     args: Flat = [
         int(bus.settings.dedupe_seconds * 1000),
         keys.notify_channel,
@@ -96,24 +96,23 @@ async def store(
     shortfall = None
     try:
         if level.is_async:
-            first, duplicate = await queue._run_fast(
+            first, duplicate = await queue.run_fast(
                 lambda c: bus.scripts.call(c, "push", script_keys, args), idempotent=False
             )
         else:
-            shard = await queue._located()
+            shard = await queue.located()
             sha, source = bus.scripts.source("push")
             reply, shortfall = await shard.run_durable(
                 sha, source, script_keys, args, level, route=keys.stream
             )
             first, duplicate = reply
     except RedisCommandError as exc:
-        raise queue._script_error(exc) from None
+        raise queue.script_error(exc) from None
     except BusUnavailableError as exc:  # may be stored: the id to retry with
         exc.request_id = request_id
         raise
     if not duplicate:
-        queue.pushed += count
-        queue._bus.counters.add("pushed", queue.name, count)
+        bus.counters.add("pushed", queue.name, count)
     ids = list(range(int(first), int(first) + count))
     if shortfall is not None:
         raise DurabilityError(

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 import redis.asyncio as aioredis
 
@@ -16,29 +16,19 @@ from .consumer import Consumer
 from .consuming import LATEST, Mode
 from .controls import QueueInfo, RateLimit, RetryPolicy
 from .durability import Durability
-from .errors import (
-    BusClosedError,
-    QueueFullError,
-    QueueNotFoundError,
-    RedisCommandError,
-    UnknownMessageError,
-)
+from .errors import DurabilityError, UnknownMessageError
 from .events import Event, EventHub
-from .keys import QueueKeys, dead_letter_name, placement_name, validate_name
+from .keys import dead_letter_name
 from .message import (
     EncodedMessage,
     Message,
     Payload,
 )
-from .notifier import mark_paused, mark_recheck
-from .pushing import Headers, Item, PushResult
+from .pushing import Flat, Headers, Item, PushResult
+from .queue_store import QueueStore
 
 if TYPE_CHECKING:
     from .context import BusContext
-    from .mux import MuxClient
-    from .shard import Shard
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -69,10 +59,10 @@ class Queue:
     _attachments = itertools.count(1)
 
     def __init__(self, bus: BusContext, name: str) -> None:
-        self.name = validate_name(name)
+        self.store = QueueStore(bus, name)
+        """The queue's Redis side (for the gateway and tools; see :mod:`busmq.queue_store`)."""
+        self.name = self.store.name
         self._bus = bus
-        self._keys = QueueKeys(self.name)
-        self._shard: Shard | None = None
         self._member: str | None = None
         self._detaching: asyncio.Future[None] | None = None
         self._auto_renew = True
@@ -89,6 +79,11 @@ class Queue:
     @property
     def attached(self) -> bool:
         return self._member is not None
+
+    @property
+    def auto_renew(self) -> bool:
+        """Whether the bus renews the attachment's lease (see :meth:`attach`)."""
+        return self._auto_renew
 
     # -- attachment ---------------------------------------------------------------
 
@@ -118,11 +113,12 @@ class Queue:
             raise ValueError("ttl must be positive")
         if max_backlog is not None and max_backlog < 0:
             raise ValueError("max_backlog must not be negative")
-        self._shard = await self._locate()
+        store = self.store
+        store.shard = shard = await store.locate()
         member = f"{self._bus.client_id}:{next(self._attachments)}"
         limits = _limit_args(retention, max_backlog)
         created, _ = await self._lease(member, create=True, ttl_ms=str(ttl_ms), limits=limits)
-        self._bus.placement.remember(self._keys.info, self._shard)
+        self._bus.placement.remember(store.keys.info, shard)
         self._member = member
         self._auto_renew = auto_renew
         self._bus.attached.add(self)
@@ -144,9 +140,9 @@ class Queue:
         try:
             for consumer in tuple(self._consumers):
                 await consumer.close()
-            await self._run(
-                lambda c: self._bus.scripts.call(c, "detach", self._keys.all(), [member]),
-                idempotent=True,
+            keys = self.store.keys.all()
+            await self.store.run(
+                lambda c: self._bus.scripts.call(c, "detach", keys, [member]), idempotent=True
             )
         finally:
             self._detaching.set_result(None)
@@ -170,23 +166,16 @@ class Queue:
         lease_ms = _ms(self._bus.settings.lease_seconds)
         # On the fast connection: the bus renews every attached queue at once, and a
         # burst of redis-py calls would stall the loop for milliseconds.
-        reply = await self._run_fast(
+        reply = await self.store.run_fast(
             lambda c: self._bus.scripts.call(
                 c,
                 "attach",
-                self._keys.with_dead_letters(),
+                self.store.keys.with_dead_letters(),
                 [member, lease_ms, ttl_ms, "1" if create else "0", *limits],
             ),
             idempotent=True,
         )
         return int(reply[0]), int(reply[1])
-
-    def _read_in_full(self) -> None:
-        """Have this process's consumers of the queue make their next read the full one
-        (see ``consumer._fetch``) now, rather than when the publication that tells every
-        process so comes back: a retry parked here is due before what was stored after."""
-        for consumer in self._consumers:
-            mark_recheck({consumer._wake})
 
     async def _lost(self) -> None:
         """The queue was closed elsewhere or expired: end consumers, drop the attachment."""
@@ -261,7 +250,7 @@ class Queue:
         """
         flat, count = pushing.flatten(items, self._bus.settings.max_message_bytes)
         due_and_expiry = pushing.timing(delay, at, ttl, expires_at)
-        result = await pushing.store(self, flat, count, request_id, durability, due_and_expiry)
+        result = await self._store(flat, count, request_id, durability, due_and_expiry)
         return result.ids
 
     async def push_encoded(
@@ -279,7 +268,26 @@ class Queue:
         :meth:`push_batch`. Also tells whether ``request_id`` had been stored before."""
         flat = pushing.flatten_encoded(encoded)
         due_and_expiry = pushing.timing(delay, at, ttl, expires_at)
-        return await pushing.store(self, flat, len(encoded), request_id, durability, due_and_expiry)
+        return await self._store(flat, len(encoded), request_id, durability, due_and_expiry)
+
+    async def _store(
+        self,
+        flat: Flat,
+        count: int,
+        request_id: str | None,
+        durability: Durability | str | None,
+        due_and_expiry: tuple[str, str],
+    ) -> PushResult:
+        try:
+            result = await pushing.store(
+                self.store, flat, count, request_id, durability, due_and_expiry
+            )
+        except DurabilityError as exc:  # applied by the master: counted as pushed
+            self.pushed += len(exc.ids)
+            raise
+        if not result.duplicate:
+            self.pushed += count
+        return result
 
     # -- consuming ------------------------------------------------------------------
 
@@ -312,7 +320,7 @@ class Queue:
             retry_policy: at-least-once: a nack waits as the policy says before the
                 message is delivered again (default: redelivered at once).
         """
-        self._require_open()
+        self.store.require_open()
         return Consumer(
             self,
             mode,
@@ -330,70 +338,41 @@ class Queue:
         Returns how many were acknowledged. Raises :class:`UnknownMessageError` naming
         ids that were not pending, after acknowledging the others.
         """
-        unknown = await self._ack_ids(list(ids))
+        unknown = await self.store.ack(list(ids))
         if unknown:
             raise UnknownMessageError(self.name, unknown)
         return len(ids)
-
-    async def _ack_ids(self, ids: list[int]) -> list[int]:
-        if not ids:
-            return []
-        keys = self._keys.ack_keys
-        attempts = 0
-
-        async def ack(mux: MuxClient) -> list[bytes]:
-            nonlocal attempts
-            attempts += 1
-            unknown: list[bytes] = await self._bus.scripts.call(mux, "ack", keys, ids)
-            return unknown
-
-        # Safe to send again (through a failover): an id acked twice is acked once.
-        unknown = await self._run_fast(ack, idempotent=True)
-        if attempts > 1:  # an attempt whose reply was lost may have acked them
-            unknown = []
-        self._bus.counters.add("acked", self.name, len(ids) - len(unknown))
-        return [int(u) for u in unknown]
-
-    async def _prepare_consumer(self, family: str) -> tuple[str, int]:
-        try:
-            mode, last_id = await self._run(
-                lambda c: self._bus.scripts.call(
-                    c, "prepare_consumer", [self._keys.info, self._keys.stream], [family]
-                ),
-                idempotent=True,
-            )
-        except RedisCommandError as exc:
-            raise self._script_error(exc) from None
-        family = mode.decode() if isinstance(mode, bytes) else str(mode)
-        return family, int(last_id)
 
     # -- inspection and management ------------------------------------------------
 
     async def count(self) -> int:
         """Messages stored: not yet consumed, plus delivered-but-unacked (at-least-once),
         or the retained history (replay)."""
-        await self._send_deferred()
-        return int(await self._run(lambda c: c.xlen(self._keys.stream), idempotent=True))
+        await self.store.send_deferred()
+        stream = self.store.keys.stream
+        return int(await self.store.run(lambda c: c.xlen(stream), idempotent=True))
 
     async def exists(self) -> bool:
-        return bool(await self._run(lambda c: c.exists(self._keys.info), idempotent=True))
+        return await self.store.exists()
 
     async def ttl(self) -> float | None:
         """Seconds until the queue expires if no client renews an attachment, or
         ``None`` if it does not exist."""
-        pttl = int(await self._run(lambda c: c.pttl(self._keys.info), idempotent=True))
+        info = self.store.keys.info
+        pttl = int(await self.store.run(lambda c: c.pttl(info), idempotent=True))
         return None if pttl < 0 else pttl / 1000
 
     async def last_id(self) -> int:
         """The id of the last message pushed (0 if none)."""
-        seq = await self._run(lambda c: c.hget(self._keys.info, "seq"), idempotent=True)
+        info = self.store.keys.info
+        seq = await self.store.run(lambda c: c.hget(info, "seq"), idempotent=True)
         return int(seq or 0)
 
     async def flush(self) -> None:
         """Remove every stored message; ids keep increasing from where they were."""
-        self._require_open()
-        await self._require_exists()
-        keys = self._keys
+        self.store.require_open()
+        await self.store.require_exists()
+        keys = self.store.keys
         held = (keys.due, keys.delayed, keys.alias, keys.state, keys.parked)
 
         async def run(client: aioredis.Redis) -> None:
@@ -402,43 +381,46 @@ class Queue:
             pipe.delete(*held)
             await pipe.execute()
 
-        await self._run(run, idempotent=True)
+        await self.store.run(run, idempotent=True)
 
     async def close(self) -> None:
         """Destroy the queue for every client: its messages, metadata and attachments.
         Other clients' consumers end; their next renewal reports ``closed``."""
         for consumer in tuple(self._consumers):
             await consumer.close()
-        await self._run(lambda c: c.delete(*self._keys.all()), idempotent=True)
-        self._bus.placement.forget(self._keys.info)
+        keys = self.store.keys.all()
+        await self.store.run(lambda c: c.delete(*keys), idempotent=True)
+        self._bus.placement.forget(self.store.keys.info)
         if self._member is not None:
             await self._lost()
 
     async def metadata(self) -> dict[str, str]:
         """The queue's user metadata."""
-        raw: dict[bytes, bytes] = await self._run(
-            lambda c: c.hgetall(self._keys.meta),  # type: ignore[arg-type,return-value]
+        meta = self.store.keys.meta
+        raw: dict[bytes, bytes] = await self.store.run(
+            lambda c: c.hgetall(meta),  # type: ignore[arg-type,return-value]
             idempotent=True,
         )
         return {k.decode(): v.decode() for k, v in raw.items()}
 
     async def set_metadata(self, values: Mapping[str, str]) -> None:
         """Set user metadata fields (strings); they expire with the queue."""
-        self._require_open()
-        await self._require_exists()
+        self.store.require_open()
+        await self.store.require_exists()
         if not values:
             return
         if not all(isinstance(k, str) and k and isinstance(v, str) for k, v in values.items()):
             raise ValueError("metadata must map non-empty str to str")
-        await self._run(
-            lambda c: _hset_keep_ttl(c, self._keys.meta, self._keys.info, values), idempotent=True
+        keys = self.store.keys
+        await self.store.run(
+            lambda c: _hset_keep_ttl(c, keys.meta, keys.info, values), idempotent=True
         )
 
     # -- processing controls (see busmq.controls) --------------------------------------
 
     async def info(self) -> QueueInfo:
         """Counts (stored, pending, delayed, dead letters) and the controls in force."""
-        return await controls.read_info(self)
+        return await controls.read_info(self.store)
 
     def browse(
         self, from_id: int = 0, to_id: int | None = None, *, follow: bool = False
@@ -448,20 +430,19 @@ class Queue:
         tails, exports and copies. With ``follow``, then each new message as it is
         stored, until the iteration is closed (no ``to_id`` then). Delayed messages
         appear once due (at their stream position, after what was stored before)."""
-        return inventory.browse(self, from_id, to_id, follow=follow)
+        return inventory.browse(self.store, from_id, to_id, follow=follow)
 
     async def pause(self) -> None:
         """Stop deliveries to every consumer (in every process) until :meth:`resume`;
         pushes go on. At-least-once consumers give back what they fetched and have not
         handed out (the next read after :meth:`resume` redelivers it first); at-most-once
         consumers hand out what they hold, which their reads removed from Redis."""
-        await controls.set_controls(self, paused="1")
-        # Consumers here stop now, not when the publication comes back.
-        mark_paused(consumer._wake for consumer in self._consumers)
+        await controls.set_controls(self.store, paused="1")
+        self.store.paused()
 
     async def resume(self) -> None:
         """Restart deliveries after :meth:`pause`."""
-        await controls.set_controls(self, paused=None)
+        await controls.set_controls(self.store, paused=None)
 
     async def set_rate_limit(self, limit: RateLimit | None) -> None:
         """Limit deliveries across every consumer: ``RateLimit(200, 1.0)`` is 200 per
@@ -469,11 +450,11 @@ class Queue:
         each value of header ``tenant`` (a queue has at most one of each kind; messages
         without the header are not limited by it). ``None`` removes both kinds."""
         if limit is None:
-            await controls.set_controls(self, rate=None, tk=None, tt=None, krate=None)
+            await controls.set_controls(self.store, rate=None, tk=None, tt=None, krate=None)
         elif limit.key is None:
-            await controls.set_controls(self, rate=limit.encode(), tk=None, tt=None)
+            await controls.set_controls(self.store, rate=limit.encode(), tk=None, tt=None)
         else:
-            await controls.set_controls(self, krate=limit.encode())
+            await controls.set_controls(self.store, krate=limit.encode())
 
     async def set_max_deliveries(self, max_deliveries: int | None) -> None:
         """A message delivered this many times without an ack goes to the dead-letter
@@ -482,11 +463,11 @@ class Queue:
         if max_deliveries is not None and max_deliveries < 1:
             raise ValueError("max_deliveries must be at least 1")
         value = None if max_deliveries is None else str(max_deliveries)
-        await controls.set_controls(self, maxdel=value)
+        await controls.set_controls(self.store, maxdel=value)
 
     async def drop_expired(self, drop: bool = True) -> None:
         """Drop expired messages instead of dead-lettering them (reason ``expired``)."""
-        await controls.set_controls(self, expdrop="1" if drop else None)
+        await controls.set_controls(self.store, expdrop="1" if drop else None)
 
     def dead_letters(self) -> Queue:
         """The dead-letter queue, ``<name>:dead``: a normal queue (attach it to consume
@@ -500,57 +481,8 @@ class Queue:
         had. Returns their new ids."""
         if limit < 0:
             raise ValueError("limit must not be negative")
-        self._require_open()
-        return await controls.requeue_dead(self, None if ids is None else list(ids), limit)
-
-    # -- plumbing -------------------------------------------------------------------
-
-    def _require_open(self) -> None:
-        if self._bus.closed:
-            raise BusClosedError("the bus is closed")
-
-    async def _require_exists(self) -> None:
-        if not await self.exists():
-            raise QueueNotFoundError(self.name)
-
-    async def _run(
-        self,
-        call: Callable[[aioredis.Redis], Awaitable[T]],
-        *,
-        idempotent: bool,
-    ) -> T:
-        shard = await self._located()
-        return await shard.run(call, idempotent=idempotent)
-
-    async def _run_fast(self, call: Callable[[MuxClient], Awaitable[T]], *, idempotent: bool) -> T:
-        """:meth:`_run` for the hot paths (see :meth:`Shard.run_fast`)."""
-        shard = await self._located()
-        return await shard.run_fast(call, idempotent=idempotent, route=self._keys.stream)
-
-    async def _send_deferred(self) -> None:
-        """Have Redis apply this process's deferred clean-ups of the queue (the ``XDEL``
-        of an at-most-once read, see ``MuxClient.defer``) before a read that counts."""
-        if self._shard is not None:
-            await self._run_fast(lambda m: m.flush_deferred(), idempotent=True)
-
-    async def _located(self) -> Shard:
-        """The queue's shard, located on first use (and again after it was lost)."""
-        if self._shard is None:
-            self._shard = await self._locate()
-        return self._shard
-
-    async def _locate(self) -> Shard:
-        return await self._bus.placement.locate(placement_name(self.name), self._keys.info)
-
-    def _script_error(self, exc: RedisCommandError) -> Exception:
-        text = str(exc)
-        if text.startswith("NOQUEUE"):
-            self._shard = None
-            self._bus.placement.forget(self._keys.info)
-            return QueueNotFoundError(self.name)
-        if text.startswith("FULL"):
-            return QueueFullError(self.name, int(text.split()[1]))
-        return exc
+        self.store.require_open()
+        return await controls.requeue_dead(self.store, None if ids is None else list(ids), limit)
 
 
 def _ms(seconds: float) -> int:

@@ -68,7 +68,7 @@ class QueueInventory:
             if not await queue.exists():
                 raise QueueNotFoundError(request.queue)
             pages = inventory.browse_pages(
-                queue, request.from_id, request.to_id or None, follow=request.follow
+                queue.store, request.from_id, request.to_id or None, follow=request.follow
             )
         if pages is None:  # pragma: no cover - rpc_errors aborted the call
             return

@@ -316,9 +316,10 @@ class QueueService(QueueInventory, pb_grpc.QueueServiceServicer):
         consumer = self._consumers.get(consumer_id)
         if consumer is not None:
             return await self._consumer_of(queue, consumer_id).settle(list(ids), settlement)
-        if not consumer_id or not await controls.has_consumer(self._bus.queue(queue), consumer_id):
+        store = self._bus.queue(queue).store
+        if not consumer_id or not await controls.has_consumer(store, consumer_id):
             raise NotFound("no active stream with that consumer_id", "CONSUMER_NOT_FOUND")
-        return await controls.settle(self._bus.queue(queue), consumer_id, list(ids), settlement)
+        return await controls.settle(store, consumer_id, list(ids), settlement)
 
     def _consumer_of(self, queue: str, consumer_id: str) -> Consumer:
         consumer = self._consumer(consumer_id)

@@ -157,7 +157,7 @@ async def test_a_consumer_does_not_reclaim_what_it_holds_fetched_and_not_handed_
         await queue.push_batch([1, 2, 3, 4, 5])
         async with queue.consume(Mode.AT_LEAST_ONCE, prefetch=5, visibility_timeout=1.0) as c:
             [first] = await _take(c, 1)
-            shard = queue._shard
+            shard = queue.store.shard
             assert shard is not None
 
             async def all_claimed() -> bool:

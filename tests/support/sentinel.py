@@ -173,31 +173,54 @@ class SentinelGroup:
             ) from None
 
     async def wait_sentinels_know_replicas(self, timeout: float = 30) -> None:
-        """Every Sentinel lists every live replica as a healthy one (it can promote it):
-        Sentinels learn of a rejoined server from the master's INFO, every 10 s."""
+        """A majority of the Sentinels (what a failover needs: its leader is elected by a
+        majority) list every live replica as a healthy one they can promote. Sentinels
+        learn of a rejoined server from the master's INFO, every 10 s."""
         ports = {r.port for r in self.replicas}
 
         async def known() -> bool:
-            for sentinel in self.sentinels:
-                client = sentinel.client()
-                try:
-                    listed = await client.sentinel_slaves(SERVICE)
-                except redis.exceptions.RedisError:
-                    return False
-                finally:
-                    await client.aclose()
-                healthy = {
-                    int(r["port"])
-                    for r in listed
-                    if r["is_slave"]
-                    and not (r["is_sdown"] or r["is_odown"] or r["is_disconnected"])
-                    and r.get("master-link-status") == "ok"
-                }
-                if not ports <= healthy:
-                    return False
-            return True
+            views = await self._replica_views()
+            agreeing = sum(1 for view in views if ports <= _healthy(view))
+            return agreeing > len(self.sentinels) // 2
 
-        await eventually(known, timeout=timeout, what="sentinels know the replicas")
+        try:
+            await eventually(known, timeout=timeout, what="sentinels know the replicas")
+        except AssertionError:
+            raise AssertionError(
+                f"sentinels do not know replicas {sorted(ports)} as healthy within "
+                f"{timeout}s: {await self.describe()}"
+            ) from None
+
+    async def _replica_views(self) -> list[list[dict[str, object]] | str]:
+        """Each Sentinel's list of the master's replicas, or why it gave none."""
+        views: list[list[dict[str, object]] | str] = []
+        for sentinel in self.sentinels:
+            client = sentinel.client()
+            try:
+                views.append(await client.sentinel_slaves(SERVICE))
+            except redis.exceptions.RedisError as exc:
+                views.append(repr(exc))
+            finally:
+                await client.aclose()
+        return views
+
+    async def describe(self) -> str:
+        """What each Sentinel says of the replicas, and the end of its log."""
+        lines = [f"master {self.master.port}"]
+        for sentinel, view in zip(self.sentinels, await self._replica_views(), strict=True):
+            alive = sentinel.process is not None and sentinel.process.returncode is None
+            if isinstance(view, str):
+                seen = view
+            else:
+                seen = ", ".join(
+                    f"{r.get('port')} {r.get('flags')} link={r.get('master-link-status')}"
+                    for r in view
+                )
+            log = sentinel.directory / "sentinel.log"
+            tail = log.read_text(errors="replace").splitlines()[-12:] if log.exists() else []
+            lines.append(f"sentinel {sentinel.port} alive={alive}: {seen}")
+            lines += [f"  | {line}" for line in tail]
+        return "\n".join(lines)
 
     async def _sentinels_ready(self) -> bool:
         for sentinel in self.sentinels:
@@ -303,3 +326,16 @@ class SentinelGroup:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+
+def _healthy(view: list[dict[str, object]] | str) -> set[int]:
+    """The ports of the replicas a Sentinel could promote."""
+    if isinstance(view, str):
+        return set()
+    return {
+        int(str(r["port"]))
+        for r in view
+        if r["is_slave"]
+        and not (r["is_sdown"] or r["is_odown"] or r["is_disconnected"])
+        and r.get("master-link-status") == "ok"
+    }

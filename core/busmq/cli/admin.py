@@ -118,7 +118,7 @@ class LocalAdmin:
         queue = self.bus.queue(name)
         if not await queue.exists():
             raise QueueNotFoundError(name)
-        async for page in inventory.browse_pages(queue, from_id, to_id, follow=follow):
+        async for page in inventory.browse_pages(queue.store, from_id, to_id, follow=follow):
             yield page
 
     async def open_for_push(self, name: str, ttl: float | None) -> None:

@@ -30,7 +30,7 @@ from .queue import ConsumerLag, FederatedQueue
 from .settings import FederationSettings, FederationTarget, normalize_url
 
 if TYPE_CHECKING:
-    from ..bus import Bus
+    from ..context import BusContext
     from .channel import FederatedChannel
     from .persistable import FederatedPersistable
     from .service import FederatedService
@@ -119,7 +119,7 @@ class TargetStatus:
 class FederationManager:
     """Links by target URL, the outbox, and the federated objects of one bus."""
 
-    def __init__(self, bus: Bus, settings: FederationSettings) -> None:
+    def __init__(self, bus: BusContext, settings: FederationSettings) -> None:
         self.bus = bus
         self.settings = settings
         path = settings.outbox_path or bus.settings.data_dir.parent / "outbox.sqlite3"

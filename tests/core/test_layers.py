@@ -1,0 +1,102 @@
+"""The core's layers call down only: no import circle among its modules (imports made
+only for type checking count too: they are the same dependency)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import busmq
+
+PACKAGE = Path(busmq.__file__).parent
+
+# Federation's own modules still import each other in circles; the remote backend that
+# replaces them (docs/design.md, "Objects and backends") must leave none.
+ALLOWED = {
+    frozenset({"federation.link", "federation.push_stream", "federation.pushes"}),
+    frozenset(
+        {
+            "federation.channel",
+            "federation.consumer",
+            "federation.manager",
+            "federation.persistable",
+            "federation.queue",
+            "federation.service",
+        }
+    ),
+}
+
+
+def module_imports() -> dict[str, set[str]]:
+    """Each module of the package (dotted, relative to it) and the package modules it
+    imports."""
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE).with_suffix("").parts
+        if parts[0] == "v1":  # generated code
+            continue
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        modules[name] = path
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom) or not node.level:
+                continue
+            base = package.split(".") if package else []
+            base = base[: len(base) - (node.level - 1)]
+            target = ".".join([*base, *([node.module] if node.module else [])])
+            for alias in node.names:
+                child = f"{target}.{alias.name}" if target else alias.name
+                if child in modules:
+                    graph[name].add(child)
+                elif target in modules:
+                    graph[name].add(target)
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[frozenset[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(frozenset(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_finder_sees_a_circle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert circles(graph) == [frozenset({"a", "b", "c"})]
+
+
+def test_the_finder_reads_the_package() -> None:
+    graph = module_imports()
+    assert "queue_store" in graph["queue"]
+    assert "queue" not in graph["consumer"]
+
+
+def test_no_import_circle_outside_the_federation_modules() -> None:
+    assert set(circles(module_imports())) <= ALLOWED
