@@ -28,6 +28,18 @@ Flat = list[bytes | str | int]
 _BYTES_KIND = PayloadKind.BYTES.value
 
 
+@dataclass(slots=True)
+class PushOptions:
+    """How a push is stored (see :meth:`QueueAPI.push`)."""
+
+    request_id: str | None = None
+    durability: Durability | str | None = None
+    delay: float | None = None
+    at: datetime | None = None
+    ttl: float | None = None
+    expires_at: datetime | None = None
+
+
 @dataclass(frozen=True)
 class PushResult:
     """Ids of the pushed messages; ``duplicate`` if the ``request_id`` was already stored
@@ -35,13 +47,6 @@ class PushResult:
 
     ids: list[int]
     duplicate: bool
-
-
-def timing(
-    delay: float | None, at: datetime | None, ttl: float | None, expires_at: datetime | None
-) -> tuple[str, str]:
-    """The push script's due and expiry arguments."""
-    return due_ms(delay, at), expires_ms(ttl, expires_at)
 
 
 def flatten(items: Iterable[Item], limit: int) -> tuple[Flat, int]:
@@ -68,23 +73,18 @@ def flatten_encoded(encoded: Sequence[EncodedMessage]) -> Flat:
     return flat
 
 
-async def store(
-    queue: QueueStore,
-    flat: Flat,
-    count: int,
-    request_id: str | None,
-    durability: Durability | str | None,
-    due_and_expiry: tuple[str, str],
-) -> PushResult:
+async def store(queue: QueueStore, flat: Flat, count: int, options: PushOptions) -> PushResult:
     """Run the push script for ``count`` flattened messages on ``queue``."""
     queue.require_open()
     if not count:
         return PushResult([], False)
+    request_id, durability = options.request_id, options.durability
     bus, keys = queue.bus, queue.keys
     args: Flat = [
         int(bus.settings.dedupe_seconds * 1000),
         keys.notify_channel,
-        *due_and_expiry,
+        due_ms(options.delay, options.at),
+        expires_ms(options.ttl, options.expires_at),
         *flat,
     ]
     script_keys = [keys.info, keys.stream, keys.due, keys.delayed]

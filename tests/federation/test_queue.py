@@ -87,6 +87,29 @@ async def test_a_federated_queue_pushes_consumes_and_inspects_like_a_local_one(
         assert (kind, "orders") in kinds
 
 
+async def test_a_federated_push_takes_a_durability_and_its_caller_may_renew_the_lease(
+    dc_a: DatacenterA, dc_b: Bus
+) -> None:
+    # The queue API is written once (busmq.queue_api): what a local queue takes, a
+    # federated one takes too.
+    remote = dc_b.federate("durable-remote", dc_a.url)
+    assert await remote.link.wait_usable(10)
+    await remote.attach(auto_renew=False)
+    try:
+        renewers = [t for t in asyncio.all_tasks() if "federated-renewal" in t.get_name()]
+        assert renewers == []
+        assert await remote.push(b"x", durability="async") == 1
+        with pytest.raises(ValueError, match="durability"):
+            await remote.push(b"y", durability="eventually")
+        assert await remote.renew() is True
+        assert await remote.count() == 1
+        with pytest.raises(ValueError, match="max_deliveries"):
+            await remote.set_max_deliveries(0)
+    finally:
+        await remote.detach()
+    assert not remote.attached
+
+
 async def test_detach_lets_the_remote_queue_expire(dc_a: DatacenterA, dc_b: Bus) -> None:
     remote = dc_b.federate("short-lived", dc_a.url)
     async with remote:

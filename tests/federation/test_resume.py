@@ -223,18 +223,18 @@ async def test_at_most_once_consumer_across_a_cut_loses_at_most_what_the_broken_
 async def test_leaving_a_federated_queue_after_a_gateway_restart_does_not_fail(
     dc_a: DatacenterA, dc_b: Bus
 ) -> None:
-    async with dc_b.federate(dc_b.queue("restarted"), dc_a.url) as remote:
-        await remote.push("before")
-        # No renewal from here on (it would re-attach): the detach below carries the
-        # attachment id the restarted gateway never saw.
-        assert remote._renewer is not None
-        remote._renewer.cancel()
-        dc_a.gateway.signal(signal.SIGKILL)
-        await dc_a.gateway.wait()
-        await dc_a.gateway.start()  # knows nothing of the attachment
-        await remote.push("after")  # the link comes back (the push may re-attach)
-        async with remote.consume(max=2) as consumer:
-            got = [d.data async for d in consumer]
-        assert got == ["before", "after"]
-        # Leaving: the new gateway may answer ATTACHMENT_NOT_FOUND, which must not raise.
+    remote = dc_b.federate(dc_b.queue("restarted"), dc_a.url)
+    # Not renewed (a renewal would re-attach): the detach below carries the attachment
+    # id the restarted gateway never saw.
+    await remote.attach(auto_renew=False)
+    await remote.push("before")
+    dc_a.gateway.signal(signal.SIGKILL)
+    await dc_a.gateway.wait()
+    await dc_a.gateway.start()  # knows nothing of the attachment
+    await remote.push("after")  # the link comes back
+    async with remote.consume(max=2) as consumer:
+        got = [d.data async for d in consumer]
+    assert got == ["before", "after"]
+    # Leaving: the new gateway may answer ATTACHMENT_NOT_FOUND, which must not raise.
+    await remote.detach()
     assert not remote.attached

@@ -173,15 +173,12 @@ class SentinelGroup:
             ) from None
 
     async def wait_sentinels_know_replicas(self, timeout: float = 30) -> None:
-        """A majority of the Sentinels (what a failover needs: its leader is elected by a
-        majority) list every live replica as a healthy one they can promote. Sentinels
-        learn of a rejoined server from the master's INFO, every 10 s."""
+        """Every Sentinel lists every live replica as a healthy one it can promote:
+        Sentinels learn of a rejoined server from the master's INFO, every 10 s."""
         ports = {r.port for r in self.replicas}
 
         async def known() -> bool:
-            views = await self._replica_views()
-            agreeing = sum(1 for view in views if ports <= _healthy(view))
-            return agreeing > len(self.sentinels) // 2
+            return all(ports <= _healthy(view) for view in await self._replica_views())
 
         try:
             await eventually(known, timeout=timeout, what="sentinels know the replicas")
@@ -218,7 +215,15 @@ class SentinelGroup:
                 )
             log = sentinel.directory / "sentinel.log"
             tail = log.read_text(errors="replace").splitlines()[-12:] if log.exists() else []
-            lines.append(f"sentinel {sentinel.port} alive={alive}: {seen}")
+            client = sentinel.client()
+            try:
+                state = await client.sentinel_master(SERVICE)
+                master = f"{state['port']} {state['flags']}"
+            except redis.exceptions.RedisError as exc:
+                master = repr(exc)
+            finally:
+                await client.aclose()
+            lines.append(f"sentinel {sentinel.port} alive={alive}: master {master}; {seen}")
             lines += [f"  | {line}" for line in tail]
         return "\n".join(lines)
 
@@ -264,30 +269,45 @@ class SentinelGroup:
     async def wait_failover(self, timeout: float = 30) -> RedisServer:
         """Wait until the Sentinels name another master; returns it."""
         old = self.master
+        found: list[RedisServer] = []
 
         async def moved() -> bool:
             # Every Sentinel names the same new master, and it is one: the failover is
             # over (a restarted old master would otherwise be taken back, empty).
             agreed = await self._agreed_master()
-            return agreed is not None and agreed is not old
+            if agreed is None or agreed is old:
+                return False
+            found.append(agreed)
+            return True
 
-        await eventually(moved, timeout=timeout, what="sentinel failover")
-        _, port = await self.master_address()
-        self.master = next(s for s in self.servers if s.port == port)
+        try:
+            await eventually(moved, timeout=timeout, what="sentinel failover")
+        except AssertionError:
+            raise AssertionError(
+                f"no failover from {old.port} within {timeout}s: {await self.describe()}"
+            ) from None
+        self.master = found[-1]
         return self.master
 
     async def _agreed_master(self) -> RedisServer | None:
-        """The server every Sentinel names master, if it is one; else ``None``."""
+        """The server every Sentinel names master with no failover in progress, if it is
+        one; else ``None``. While a Sentinel leads a failover it names the replica it
+        promoted, before that failover ends: a test that kills that server then leaves
+        the leader stuck for good (it ends a failover only once its promoted replica is
+        up), so it names the dead server from then on."""
         ports = set()
         for sentinel in self.sentinels:
             client = sentinel.client()
             try:
-                _, port = await client.sentinel_get_master_addr_by_name(SERVICE)
+                state = await client.sentinel_master(SERVICE)
             except redis.exceptions.RedisError:
                 return None
             finally:
                 await client.aclose()
-            ports.add(int(port))
+            flags = state["flags"]
+            if (set(flags.split(",")) if isinstance(flags, str) else set(flags)) != {"master"}:
+                return None  # failing over, or down
+            ports.add(int(state["port"]))
         if len(ports) != 1:
             return None
         named = next(s for s in self.servers if s.port in ports)

@@ -1,8 +1,9 @@
 """Federated queues: a queue that lives behind a remote gateway, with the queue API.
 
 ``bus.federate(bus.queue("orders"), "https://gateway-a:8443")`` returns a
-:class:`FederatedQueue`. Its methods and events are those of :class:`busmq.Queue`
-where they make sense over the network, with these differences:
+:class:`FederatedQueue`: the queue API of :class:`busmq.Queue`
+(:class:`~busmq.queue_api.QueueAPI`, written once) over :class:`RemoteQueueBackend`,
+with these differences:
 
 * ``push`` / ``push_batch`` return ``None`` when the push went to the durable outbox
   (the link is not usable, the call failed ``UNAVAILABLE``, was cancelled or timed out
@@ -36,19 +37,15 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from ..consuming import LATEST, Mode
-from ..controls import RateLimit, RetryPolicy, due_ms, expires_ms
-from ..errors import (
-    BusClosedError,
-    BusError,
-    QueueNotFoundError,
-    UnknownMessageError,
-)
-from ..events import Event, EventHub
+from ..consuming import Mode
+from ..controls import RateLimit, due_ms, expires_ms
+from ..durability import Durability
+from ..errors import BusClosedError, BusError, QueueNotFoundError
+from ..events import Event
 from ..keys import validate_name
-from ..message import Delivery, EncodedMessage, Payload, encode_item
-from ..pushing import PushResult
-from ..queue import Retention
+from ..message import Delivery, EncodedMessage, encode_item
+from ..pushing import Item, PushOptions, PushResult
+from ..queue_api import Owner, QueueAPI, Retention
 from ..v1 import queue_service_pb2 as pb
 from .consumer import FederatedConsumer
 from .convert import duration, outgoing, seconds
@@ -79,8 +76,9 @@ class ConsumerLag:
     last_delivered_id: int | None
 
 
-class FederatedQueue:
-    """A queue in another datacenter, used through its gateway (see the module docstring).
+class FederatedQueue(QueueAPI[None, FederatedConsumer]):
+    """A queue in another datacenter, used through its gateway (see the module docstring):
+    the queue API of :class:`busmq.Queue` over :class:`RemoteQueueBackend`.
 
     Attributes:
         name: the queue name.
@@ -91,32 +89,18 @@ class FederatedQueue:
     """
 
     def __init__(self, manager: FederationManager, link: Link, name: str) -> None:
-        self.name = validate_name(name)
+        super().__init__(validate_name(name))
         self.link = link
-        self.events: EventHub[Event] = EventHub()
-        self.pushed = 0
-        self.consumed = 0
         self._manager = manager
-        self._attachment: str | None = None
-        self._attach_request: pb.AttachQueueRequest | None = None
-        self._lease = 0.0
-        self._renewer: asyncio.Task[None] | None = None
-        self._renew_now = asyncio.Event()
-        self._consumers: set[FederatedConsumer] = set()
+        self._backend = self._remote = RemoteQueueBackend(self, manager, link)
         self._last_delivered: tuple[int, int] | None = None  # (id, push time ms)
 
     def __repr__(self) -> str:
         return f"<FederatedQueue {self.name!r} via {self.link.url} attached={self.attached}>"
 
-    # -- state ----------------------------------------------------------------------
-
     @property
     def target(self) -> str:
         return self.link.url
-
-    @property
-    def attached(self) -> bool:
-        return self._attachment is not None
 
     @property
     def state(self) -> LinkState:
@@ -130,7 +114,7 @@ class FederatedQueue:
 
     async def lag(self) -> ConsumerLag:
         """How far behind this process's consumers are (one ``GetQueue`` call)."""
-        info = await self._info()
+        info = await self._remote.info()
         last = self._last_delivered
         if info is None:
             return ConsumerLag(0, 0.0, None if last is None else last[0])
@@ -141,30 +125,81 @@ class FederatedQueue:
         age = max(0.0, time.time() - push_ms / 1000) if behind else 0.0
         return ConsumerLag(behind, age, last_id)
 
+    async def reattach(self) -> bool:
+        """Attach again with the original arguments (the gateway forgot the
+        attachment, or the queue expired while the link was down)."""
+        return await self._remote.reattach()
+
     def _note_delivered(self, item: Delivery) -> None:
         self.consumed += 1
         if self._last_delivered is None or item.id >= self._last_delivered[0]:
             self._last_delivered = (item.id, item.message.timestamp_ms)
 
+    def _on_link_event(self, event: Event) -> None:
+        queue = event.details.get("queue")
+        if queue is not None and queue != self.name:
+            return
+        if event.kind == "ready":
+            self._remote.renew_now.set()  # renew at once: the lease may be close to lapsing
+        self.events.emit(event)
+
+    async def _release(self) -> None:
+        await self.detach()
+
+    async def _stop_local(self) -> None:
+        for consumer in tuple(self._consumers):
+            await consumer.close()
+        await self._remote.stop_renewer()
+
+    # What the federated consumer calls.
+
+    def _require_open(self) -> None:
+        self._remote.require_open()
+
+    async def _ack_ids(self, ids: list[int]) -> list[int]:
+        return await self._remote.ack(ids)
+
+    async def _call(self, method: str, request: Any, *, raw: bool = False) -> Any:
+        return await self._remote.call(method, request, raw=raw)
+
+    def _error(self, exc: grpc.aio.AioRpcError) -> BusError:
+        return self._remote.error(exc)
+
+
+class RemoteQueueBackend:
+    """A queue behind a gateway: unary calls on the link, pushes through the link's push
+    stream or the outbox, a lease renewed by a task of its own."""
+
+    def __init__(self, queue: FederatedQueue, manager: FederationManager, link: Link) -> None:
+        self._queue = Owner(queue)
+        self.name = queue.name
+        self._manager = manager
+        self._link = link
+        self._attachment: str | None = None
+        self._attach_request: pb.AttachQueueRequest | None = None
+        self._lease = 0.0
+        self._renewer: asyncio.Task[None] | None = None
+        self.renew_now = asyncio.Event()
+
+    @property
+    def attached(self) -> bool:
+        return self._attachment is not None
+
+    def require_open(self) -> None:
+        if self._manager.closed:
+            raise BusClosedError("federation is closed")
+
     # -- attachment -----------------------------------------------------------------
 
     async def attach(
         self,
-        *,
-        ttl: float | None = None,
-        retention: Retention | None = None,
-        max_backlog: int | None = None,
+        ttl: float | None,
+        retention: Retention | None,
+        max_backlog: int | None,
+        auto_renew: bool,
     ) -> bool:
-        """Attach to the remote queue, creating it if needed; returns whether it was
-        created. Arguments as :meth:`busmq.Queue.attach`: ``max_backlog=None`` keeps the
-        current limit, ``0`` removes it (``AttachQueueRequest.remove_max_backlog``; a
-        gateway older than that field ignores it and keeps the limit)."""
-        if self._attachment is not None:
-            return False
-        if ttl is not None and ttl <= 0:
-            raise ValueError("ttl must be positive")
-        if max_backlog is not None and max_backlog < 0:
-            raise ValueError("max_backlog must not be negative")
+        """``max_backlog=0`` removes the limit (``AttachQueueRequest.remove_max_backlog``;
+        a gateway older than that field ignores it and keeps the limit)."""
         request = pb.AttachQueueRequest(
             queue=self.name, max_backlog=max_backlog or 0, remove_max_backlog=max_backlog == 0
         )
@@ -175,29 +210,28 @@ class FederatedQueue:
             if retention.max_age:
                 request.max_age.CopyFrom(duration(retention.max_age))
         created = await self._attach(request)
-        self._renewer = asyncio.create_task(
-            self._renew_loop(), name=f"busmq-federated-renewal {self.name}"
-        )
-        self.events.emit(Event("attached", self.name, details={"created": created}))
+        if auto_renew:
+            self._renewer = asyncio.create_task(
+                self._renew_loop(), name=f"busmq-federated-renewal {self.name}"
+            )
         return created
 
     async def _attach(self, request: pb.AttachQueueRequest) -> bool:
-        response = await self._call("AttachQueue", request)
+        response = await self.call("AttachQueue", request)
         self._attachment = str(response.attachment_id)
         self._attach_request = request
         self._lease = seconds(response.lease_duration) or 15.0
-        self._manager._attached(self, self.name, True)
+        self._manager._attached(self._queue(), self.name, True)
         return bool(response.created)
 
-    async def detach(self) -> None:
-        """Stop this client's consumers and release the attachment."""
-        if self._attachment is None:
-            return
-        await self._stop_local()
+    async def release(self) -> None:
+        await self.stop_renewer()
         attachment, self._attachment = self._attachment, None
-        self._manager._attached(self, self.name, False)
+        self._manager._attached(self._queue(), self.name, False)
+        if attachment is None:
+            return
         try:
-            await self._call("DetachQueue", pb.DetachQueueRequest(attachment_id=attachment))
+            await self.call("DetachQueue", pb.DetachQueueRequest(attachment_id=attachment))
         except QueueNotFoundError:
             pass  # the gateway no longer had it: it is released either way
         except RemoteError as exc:
@@ -205,178 +239,130 @@ class FederatedQueue:
             # to release (its lease lapses on its own).
             if exc.reason != "ATTACHMENT_NOT_FOUND":
                 raise
-        finally:
-            self.events.emit(Event("detached", self.name))
+
+    def forget(self) -> None:
+        self._attachment = None
+        self._manager._attached(self._queue(), self.name, False)
 
     async def renew(self) -> bool:
-        """Renew the lease now (a task does it on its own); False if the queue is gone."""
-        if self._attachment is None:
-            return False
+        assert self._attachment is not None
         request = pb.RenewAttachmentRequest(attachment_id=self._attachment)
         try:
-            await self._call("RenewAttachment", request, raw=True)
+            await self.call("RenewAttachment", request, raw=True)
         except grpc.aio.AioRpcError as exc:
             if exc.code() is not grpc.StatusCode.NOT_FOUND:
-                raise self._error(exc) from None
+                raise self.error(exc) from None
             if error_reason(exc) == "ATTACHMENT_NOT_FOUND":
                 return await self.reattach()
-            await self._lost()
             return False
         return True
 
     async def reattach(self) -> bool:
-        """Attach again with the original arguments (the gateway forgot the
-        attachment, or the queue expired while the link was down)."""
         if self._attach_request is None or self._attachment is None:
             return False
         created = await self._attach(self._attach_request)
         details = {"created": created, "reattached": True}
-        self.events.emit(Event("attached", self.name, details=details))
+        self._queue().events.emit(Event("attached", self.name, details=details))
         return True
 
     async def _renew_loop(self) -> None:
-        while self._attachment is not None:
-            self._renew_now.clear()
+        while self._attachment is not None and self._queue.alive:
+            self.renew_now.clear()
             try:
                 async with asyncio.timeout(self._lease / 3):
-                    await self._renew_now.wait()
+                    await self.renew_now.wait()
             except TimeoutError:
                 pass
             try:
-                await self.renew()
+                await self._queue().renew()
             except BusError as exc:
                 log.info("renewal of federated %s failed: %s", self.name, exc)
-                self.events.emit(Event("error", self.name, error=exc))
+                self._queue().events.emit(Event("error", self.name, error=exc))
 
-    async def _lost(self) -> None:
-        """The remote queue was closed or expired."""
-        self._attachment = None
-        self._manager._attached(self, self.name, False)
-        await self._stop_local(renewer=False)
-        self.events.emit(Event("closed", self.name))
+    async def stop_renewer(self) -> None:
+        renewer, self._renewer = self._renewer, None
+        if renewer is not None and renewer is not asyncio.current_task():
+            renewer.cancel()
+            await asyncio.gather(renewer, return_exceptions=True)
 
-    async def _release(self) -> None:
-        await self.detach()
+    # -- pushing and consuming ----------------------------------------------------------
 
-    async def _stop_local(self, renewer: bool = True) -> None:
-        for consumer in tuple(self._consumers):
-            await consumer.close()
-        if renewer and self._renewer is not None and self._renewer is not asyncio.current_task():
-            self._renewer.cancel()
-            await asyncio.gather(self._renewer, return_exceptions=True)
-            self._renewer = None
-
-    def _on_link_event(self, event: Event) -> None:
-        queue = event.details.get("queue")
-        if queue is not None and queue != self.name:
-            return
-        if event.kind == "ready":
-            self._renew_now.set()  # renew at once: the lease may be close to lapsing
-        self.events.emit(event)
-
-    async def __aenter__(self) -> FederatedQueue:
-        await self.attach()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.detach()
-
-    # -- pushing --------------------------------------------------------------------
-
-    async def push(
-        self,
-        value: Payload,
-        *,
-        headers: Headers | None = None,
-        request_id: str | None = None,
-        **timing: Any,
-    ) -> int | None:
-        """Push one message; returns its id, or ``None`` if it waits in the outbox
-        (durably; it will be forwarded in order). Raises ``OutboxFullError`` if it had
-        to wait and the outbox is full. ``delay``/``at`` and ``ttl``/``expires_at`` as
-        in :meth:`busmq.Queue.push` (a push kept in the outbox keeps its due time)."""
-        ids = await self.push_batch([(value, headers)], request_id=request_id, **timing)
-        return None if ids is None else ids[0]
-
-    async def push_batch(
-        self,
-        items: Iterable[Payload | tuple[Payload, Headers | None] | EncodedMessage],
-        *,
-        request_id: str | None = None,
-        **timing: Any,
-    ) -> list[int] | None:
-        """Push several messages atomically and in order; their ids, or ``None`` if
-        they wait in the outbox. Items and timing as in :meth:`busmq.Queue.push_batch`."""
+    async def push_items(self, items: Iterable[Item], options: PushOptions) -> PushResult | None:
         limit = self._manager.bus.settings.max_message_bytes
-        encoded = [encode_item(item, limit) for item in items]
-        result = await self.push_encoded(encoded, request_id=request_id, **timing)
-        return None if result is None else result.ids
+        return await self.push_encoded([encode_item(item, limit) for item in items], options)
 
     async def push_encoded(
-        self,
-        encoded: Sequence[EncodedMessage],
-        *,
-        request_id: str | None = None,
-        delay: float | None = None,
-        at: datetime | None = None,
-        ttl: float | None = None,
-        expires_at: datetime | None = None,
+        self, encoded: Sequence[EncodedMessage], options: PushOptions
     ) -> PushResult | None:
-        """Push encoded messages; a :class:`~busmq.PushResult`, or ``None`` if queued
-        in the outbox."""
-        self._require_open()
+        """A :class:`~busmq.PushResult`, or ``None`` if kept in the outbox."""
+        self.require_open()
         if not encoded:
             return PushResult([], False)
         request = pb.PushRequest(
-            queue=self.name, messages=outgoing(encoded), request_id=checked_request_id(request_id)
+            queue=self.name,
+            messages=outgoing(encoded),
+            request_id=checked_request_id(options.request_id),
         )
-        set_timing(request, delay, at, ttl, expires_at)
-        response = await push_or_queue(self._manager, self.link, request, len(encoded))
+        if options.durability is not None:
+            request.durability = str(Durability.parse(options.durability))
+        set_timing(request, options.delay, options.at, options.ttl, options.expires_at)
+        response = await push_or_queue(self._manager, self._link, request, len(encoded))
         if response is None:
             return None
-        if not response.duplicate:
-            self.pushed += len(encoded)
         return PushResult(list(response.ids), bool(response.duplicate))
 
-    # -- consuming ------------------------------------------------------------------
+    def consumer(self, mode: Mode, **options: Any) -> FederatedConsumer:
+        return FederatedConsumer(self._queue(), mode, **options)
 
-    def consume(
-        self,
-        mode: Mode = Mode.AT_MOST_ONCE,
-        *,
-        max: int | None = None,
-        from_id: int = LATEST,
-        prefetch: int = 100,
-        visibility_timeout: float = 30.0,
-        max_deliveries: int | None = None,
-        retry_policy: RetryPolicy | None = None,
-    ) -> FederatedConsumer:
-        """A resumable consumer; arguments as :meth:`busmq.Queue.consume`."""
-        self._require_open()
-        return FederatedConsumer(
-            self,
-            mode,
-            max=max,
-            from_id=from_id,
-            prefetch=prefetch,
-            visibility_timeout=visibility_timeout,
-            max_deliveries=max_deliveries,
-            retry_policy=retry_policy,
-        )
+    async def ack(self, ids: list[int]) -> list[int]:
+        if not ids:
+            return []
+        response = await self.call("Ack", pb.AckRequest(queue=self.name, ids=ids))
+        return [int(i) for i in response.unknown_ids]
+
+    # -- inspection and management ------------------------------------------------
+
+    async def info(self) -> Any:
+        """The remote ``GetQueue`` answer, ``None`` if the queue does not exist."""
+        try:
+            return await self.call("GetQueue", pb.GetQueueRequest(queue=self.name))
+        except QueueNotFoundError:
+            return None
+
+    async def count(self) -> int:
+        info = await self.info()
+        return 0 if info is None else int(info.count)
+
+    async def exists(self) -> bool:
+        return await self.info() is not None
+
+    async def ttl(self) -> float | None:
+        info = await self.info()
+        return None if info is None else seconds(info.ttl)
+
+    async def last_id(self) -> int:
+        info = await self.info()
+        return 0 if info is None else int(info.last_id)
+
+    async def metadata(self) -> dict[str, str]:
+        info = await self.info()
+        return {} if info is None else dict(info.metadata)
+
+    async def set_metadata(self, values: Mapping[str, str]) -> None:
+        request = pb.UpdateQueueMetadataRequest(queue=self.name, metadata=dict(values))
+        await self.call("UpdateQueueMetadata", request)
+
+    async def flush(self) -> None:
+        await self.call("FlushQueue", pb.FlushQueueRequest(queue=self.name))
+
+    async def destroy(self) -> None:
+        with contextlib.suppress(QueueNotFoundError):
+            await self.call("CloseQueue", pb.CloseQueueRequest(queue=self.name))
 
     # -- processing controls (see busmq.controls) --------------------------------------
 
-    async def requeue_dead(self, ids: Sequence[int] | None = None, *, limit: int = 0) -> list[int]:
-        """As :meth:`busmq.Queue.requeue_dead`."""
-        request = pb.RequeueDeadRequest(queue=self.name, ids=list(ids or []), limit=limit)
-        response = await self._call("RequeueDead", request)
-        return [int(i) for i in response.ids]
-
-    async def pause(self) -> None:
-        await self._controls(paused=True)
-
-    async def resume(self) -> None:
-        await self._controls(paused=False)
+    async def set_paused(self, paused: bool) -> None:
+        await self._controls(paused=paused)
 
     async def set_rate_limit(self, limit: RateLimit | None) -> None:
         if limit is None:
@@ -391,86 +377,25 @@ class FederatedQueue:
     async def set_max_deliveries(self, max_deliveries: int | None) -> None:
         await self._controls(max_deliveries=max_deliveries or 0)
 
-    async def drop_expired(self, drop: bool = True) -> None:
+    async def set_drop_expired(self, drop: bool) -> None:
         await self._controls(drop_expired=drop)
 
     async def _controls(self, **fields: Any) -> None:
-        await self._call(
+        await self.call(
             "UpdateQueueControls", pb.UpdateQueueControlsRequest(queue=self.name, **fields)
         )
 
-    async def ack(self, *ids: int) -> int:
-        """Acknowledge at-least-once deliveries by id, whichever consumer received them;
-        raises :class:`UnknownMessageError` for ids that were not pending."""
-        unknown = await self._ack_ids(list(ids))
-        if unknown:
-            raise UnknownMessageError(self.name, unknown)
-        return len(ids)
+    async def requeue_dead(self, ids: list[int] | None, limit: int) -> list[int]:
+        request = pb.RequeueDeadRequest(queue=self.name, ids=ids or [], limit=limit)
+        response = await self.call("RequeueDead", request)
+        return [int(i) for i in response.ids]
 
-    async def _ack_ids(self, ids: list[int]) -> list[int]:
-        if not ids:
-            return []
-        response = await self._call("Ack", pb.AckRequest(queue=self.name, ids=ids))
-        return [int(i) for i in response.unknown_ids]
+    # -- calls ----------------------------------------------------------------------
 
-    # -- inspection and management ------------------------------------------------
-
-    async def _info(self) -> Any:
-        try:
-            return await self._call("GetQueue", pb.GetQueueRequest(queue=self.name))
-        except QueueNotFoundError:
-            return None
-
-    async def count(self) -> int:
-        info = await self._info()
-        return 0 if info is None else int(info.count)
-
-    async def exists(self) -> bool:
-        return await self._info() is not None
-
-    async def ttl(self) -> float | None:
-        info = await self._info()
-        return None if info is None else seconds(info.ttl)
-
-    async def last_id(self) -> int:
-        info = await self._info()
-        return 0 if info is None else int(info.last_id)
-
-    async def metadata(self) -> dict[str, str]:
-        info = await self._info()
-        return {} if info is None else dict(info.metadata)
-
-    async def set_metadata(self, values: Mapping[str, str]) -> None:
-        """Set user metadata fields of the remote queue."""
-        self._require_open()
-        if not all(isinstance(k, str) and k and isinstance(v, str) for k, v in values.items()):
-            raise ValueError("metadata must map non-empty str to str")
-        request = pb.UpdateQueueMetadataRequest(queue=self.name, metadata=dict(values))
-        await self._call("UpdateQueueMetadata", request)
-
-    async def flush(self) -> None:
-        """Remove every stored message of the remote queue."""
-        self._require_open()
-        await self._call("FlushQueue", pb.FlushQueueRequest(queue=self.name))
-
-    async def close(self) -> None:
-        """Destroy the remote queue for every client."""
-        await self._stop_local(renewer=False)
-        with contextlib.suppress(QueueNotFoundError):
-            await self._call("CloseQueue", pb.CloseQueueRequest(queue=self.name))
-        if self._attachment is not None:
-            await self._lost()
-
-    # -- plumbing -------------------------------------------------------------------
-
-    def _require_open(self) -> None:
-        if self._manager.closed:
-            raise BusClosedError("federation is closed")
-
-    async def _call(self, method: str, request: Any, *, raw: bool = False) -> Any:
+    async def call(self, method: str, request: Any, *, raw: bool = False) -> Any:
         """A unary call that waits for the link within the operation timeout; errors
         are mapped to busmq exceptions (``raw``: left as gRPC errors)."""
-        link = self.link
+        link = self._link
         if link.state is LinkState.CLOSED:
             raise BusClosedError(f"the link to {link.url} is closed")
         try:
@@ -478,10 +403,10 @@ class FederatedQueue:
         except grpc.aio.AioRpcError as exc:
             if raw:
                 raise
-            raise self._error(exc) from None
+            raise self.error(exc) from None
 
-    def _error(self, exc: grpc.aio.AioRpcError) -> BusError:
-        return from_rpc_error(exc, queue=self.name, target=self.target)
+    def error(self, exc: grpc.aio.AioRpcError) -> BusError:
+        return from_rpc_error(exc, queue=self.name, target=self._link.url)
 
 
 def checked_request_id(request_id: str | None) -> str:
