@@ -172,19 +172,20 @@ class SentinelGroup:
                 f"replicas not in sync with {self.master.port}: {states}"
             ) from None
 
-    async def wait_sentinels_know_replicas(self, timeout: float = 30) -> None:
-        """Every Sentinel lists every live replica as a healthy one it can promote:
-        Sentinels learn of a rejoined server from the master's INFO, every 10 s."""
+    async def wait_sentinels_can_promote(self, timeout: float = 30) -> None:
+        """Every Sentinel lists a live replica as healthy, one it could promote if the
+        master died now. (Sentinels learn that a rejoined server is healthy from its
+        INFO, every 10 s; the next failover does not need to wait for that.)"""
         ports = {r.port for r in self.replicas}
 
-        async def known() -> bool:
-            return all(ports <= _healthy(view) for view in await self._replica_views())
+        async def ready() -> bool:
+            return all(ports & _healthy(view) for view in await self._replica_views())
 
         try:
-            await eventually(known, timeout=timeout, what="sentinels know the replicas")
+            await eventually(ready, timeout=timeout, what="sentinels can promote a replica")
         except AssertionError:
             raise AssertionError(
-                f"sentinels do not know replicas {sorted(ports)} as healthy within "
+                f"not every Sentinel knows one of replicas {sorted(ports)} as healthy within "
                 f"{timeout}s: {await self.describe()}"
             ) from None
 
