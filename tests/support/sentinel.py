@@ -246,18 +246,6 @@ class SentinelGroup:
                 await client.aclose()
         return True
 
-    async def master_address(self) -> tuple[str, int]:
-        """The master as the first Sentinel that answers names it."""
-        for sentinel in self.sentinels:
-            client = sentinel.client()
-            try:
-                with contextlib.suppress(Exception):
-                    host, port = await client.sentinel_get_master_addr_by_name(SERVICE)
-                    return str(host), int(port)
-            finally:
-                await client.aclose()
-        raise AssertionError("no Sentinel answers")
-
     async def kill_master(self) -> RedisServer:
         """SIGKILL the master and wait for the Sentinels to promote a replica; returns the
         old master (dead; ``rejoin`` brings it back as a replica)."""
