@@ -160,9 +160,18 @@ NO_HEADERS: Mapping[str, str] = MappingProxyType({})
 def decode_raw(entry_id: bytes, flat: Sequence[bytes]) -> Message:
     """Build a :class:`Message` from a raw stream entry: its id and the flat field list.
 
-    push.lua writes the fields in the order p, k, t[, h]; that common shape is decoded
-    by position, anything else through :func:`decode_entry`.
+    push.lua writes the fields in the order p[, k], t[, h][, e], with no k for plain
+    bytes; the shapes without headers are decoded by position, anything else through
+    :func:`decode_entry`.
     """
+    if len(flat) == 4 and flat[0] == F_PAYLOAD and flat[2] == F_TIME:
+        return Message(
+            int(entry_id[:-2]) if entry_id[-2:] == b"-0" else stream_id_to_int(entry_id),
+            flat[1],
+            PayloadKind.BYTES,
+            NO_HEADERS,
+            int(flat[3]),
+        )
     if len(flat) == 6 and flat[0] == F_PAYLOAD and flat[2] == F_KIND and flat[4] == F_TIME:
         return Message(
             int(entry_id[:-2]) if entry_id[-2:] == b"-0" else stream_id_to_int(entry_id),

@@ -50,26 +50,53 @@ class PushResult:
 
 
 def flatten(items: Iterable[Item], limit: int) -> tuple[Flat, int]:
-    """(payload, kind, headers) triples of ``items``, checked against ``limit`` bytes,
-    and how many there are."""
+    """The push script's per-message arguments for ``items``, checked against ``limit``
+    bytes, and how many messages there are: the payloads alone while every item is plain
+    bytes (a third of the arguments to pack and for Redis to parse), (payload, kind,
+    headers) triples from the first item that is not."""
     flat: Flat = []
-    count = 0
-    for item in items:
-        if type(item) is bytes:  # the common case: no EncodedMessage per message
+    rest = iter(items)
+    for item in rest:
+        if type(item) is not bytes:
+            flat = _triples(flat)
+            message = encode_item(item, limit)
+            flat += (message.payload, message.kind.value, message.headers)
+            break
+        if len(item) > limit:
+            raise MessageTooLargeError(len(item), limit)
+        flat.append(item)
+    else:
+        return flat, len(flat)
+    for item in rest:
+        if type(item) is bytes:
             if len(item) > limit:
                 raise MessageTooLargeError(len(item), limit)
             flat += (item, _BYTES_KIND, b"")
         else:
             message = encode_item(item, limit)
             flat += (message.payload, message.kind.value, message.headers)
-        count += 1
-    return flat, count
+    return flat, len(flat) // 3
 
 
 def flatten_encoded(encoded: Sequence[EncodedMessage]) -> Flat:
+    """Like :func:`flatten`, for messages already encoded (and checked)."""
+    plain: Flat = []
+    for message in encoded:
+        if message.headers or message.kind is not PayloadKind.BYTES:
+            break
+        plain.append(message.payload)
+    else:
+        return plain
     flat: Flat = []
     for message in encoded:
         flat += (message.payload, message.kind.value, message.headers)
+    return flat
+
+
+def _triples(payloads: Flat) -> Flat:
+    flat: Flat = []
+    for payload in payloads:
+        flat += (payload, _BYTES_KIND, b"")
     return flat
 
 
@@ -85,6 +112,7 @@ async def store(queue: QueueStore, flat: Flat, count: int, options: PushOptions)
         keys.notify_channel,
         due_ms(options.delay, options.at),
         expires_ms(options.ttl, options.expires_at),
+        1 if len(flat) == count else 3,  # payloads alone, or (payload, kind, headers)
         *flat,
     ]
     script_keys = [keys.info, keys.stream, keys.due, keys.delayed]

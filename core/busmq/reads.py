@@ -57,7 +57,7 @@ async def read_lean(store: QueueStore, consumer: str, count: int, noack: bool) -
         entries = stream_entries(await mux.execute(*read))
         if noack and entries:
             mux.defer(b"XDEL", stream, *[entry[0] for entry in entries])
-            originals = [_original_id(f) for _, f in entries if len(f) != 6]
+            originals = [_original_id(f) for _, f in entries if len(f) > 6]
             if any(originals):  # promoted by another consumer's full read meanwhile
                 mux.defer(b"HDEL", keys.alias, *[o for o in originals if o])
         return entries

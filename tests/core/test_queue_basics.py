@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import redis.asyncio as aioredis
 
 from busmq import (
     Bus,
@@ -13,9 +14,11 @@ from busmq import (
     InvalidNameError,
     MessageTooLargeError,
     Mode,
+    PayloadKind,
     QueueFullError,
     QueueNotFoundError,
 )
+from busmq.keys import QueueKeys
 
 
 async def test_ten_thousand_batched_messages_arrive_in_order_with_increasing_ids(bus: Bus) -> None:
@@ -45,6 +48,37 @@ async def test_payload_kinds_and_headers_round_trip(bus: Bus) -> None:
     assert dict(got[0].headers) == {"trace": "abc", "type": "bytes"}
     assert got[1].headers == {}
     assert all(d.message.timestamp_ms > 0 for d in got)
+
+
+async def test_entries_of_plain_bytes_carry_no_kind_and_every_shape_decodes(
+    bus: Bus, shard_urls: list[str]
+) -> None:
+    """A batch of plain bytes goes to Redis as payloads alone and is stored without a
+    kind field; a batch that turns mixed part way, and entries written with an explicit
+    bytes kind (the shape stored before), decode the same."""
+    async with bus.queue("shapes") as queue:
+        await queue.push_batch([b"a", b"b"])
+        await queue.push_batch([b"c", "d", (b"e", {"h": "1"}), {"f": 1}])
+        stream = QueueKeys("shapes").stream
+        clients = [aioredis.from_url(url) for url in shard_urls]
+        try:
+            (holder,) = [c for c in clients if await c.exists(stream)]
+            stored = {int(eid.split(b"-")[0]): f for eid, f in await holder.xrange(stream)}
+            await holder.xadd(stream, {"p": b"g", "k": "b", "t": "1"}, id="7-0")
+            await holder.hset(QueueKeys("shapes").info, "seq", 7)
+        finally:
+            for client in clients:
+                await client.aclose()
+        assert set(stored[1]) == set(stored[3]) == {b"p", b"t"}
+        assert stored[4][b"k"] == b"s" and stored[6][b"k"] == b"j"
+        assert set(stored[5]) == {b"p", b"t", b"h"}
+        async with queue.consume(max=7) as consumer:
+            got = [d async for d in consumer]
+    assert [d.id for d in got] == list(range(1, 8))
+    assert [d.data for d in got] == [b"a", b"b", b"c", "d", b"e", {"f": 1}, b"g"]
+    assert [d.message.kind for d in got].count(PayloadKind.BYTES) == 5
+    assert dict(got[4].headers) == {"h": "1"}
+    assert got[6].message.timestamp_ms == 1
 
 
 async def test_ids_keep_increasing_after_flush_and_count_reflects_backlog(bus: Bus) -> None:

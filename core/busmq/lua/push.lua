@@ -1,7 +1,8 @@
 -- Append messages with consecutive ids.
 -- KEYS: info, stream, due, delayed[, dedupe key]. ARGV: dedupe_ms, notify channel, due
--- (Unix ms, '+ms' from now by Redis's clock, '' now), expires (the same; '' never), then
--- (payload, kind, headers) per message.
+-- (Unix ms, '+ms' from now by Redis's clock, '' now), expires (the same; '' never), the
+-- stride (1 or 3), then per message its payload alone (plain bytes, no headers) or
+-- (payload, kind, headers). An entry has no 'k' field when its kind is plain bytes.
 -- A message due later keeps its id and waits in `delayed` until a read promotes it.
 -- Publishes the last id on the channel to wake idle consumers; 'c' instead for a message
 -- due later or expiring, which consumers read in full (see read.lua) from then on.
@@ -12,7 +13,8 @@ if dedupe then
   local previous = redis.call('GET', dedupe)
   if previous then return {tonumber(previous), 1} end
 end
-local n = (#ARGV - 4) / 3
+local stride = tonumber(ARGV[5])
+local n = (#ARGV - 5) / stride
 local conf = redis.call('HMGET', info, 'maxlen', 'maxage', 'backlog')
 if conf[3] and redis.call('XLEN', stream) + n > tonumber(conf[3]) then
   return redis.error_reply('FULL ' .. conf[3])
@@ -26,25 +28,41 @@ local function absolute(spec)
 end
 local due, expires = absolute(ARGV[3]), absolute(ARGV[4])
 local delayed_push = due ~= '' and tonumber(due) > now
+local function message(i)
+  local base = 6 + i * stride
+  if stride == 1 then return ARGV[base], 'b', '' end
+  return ARGV[base], ARGV[base + 1], ARGV[base + 2]
+end
 if delayed_push then
   for i = 0, n - 1 do
-    local base = 5 + i * 3
     local id = tostring(first + i)
-    redis.call('HSET', delayed, id, cmsgpack.pack({ARGV[base], ARGV[base + 1], stamp, ARGV[base + 2], expires}))
+    local payload, kind, headers = message(i)
+    redis.call('HSET', delayed, id, cmsgpack.pack({payload, kind, stamp, headers, expires}))
     redis.call('ZADD', due_key, due, 'p:' .. id)
   end
   local pttl = redis.call('PTTL', info)
   if pttl > 0 then redis.call('PEXPIRE', delayed, pttl); redis.call('PEXPIRE', due_key, pttl) end
+elseif stride == 1 and expires == '' then
+  for i = 0, n - 1 do
+    redis.call('XADD', stream, string.format('%d-0', first + i), 'p', ARGV[6 + i], 't', stamp)
+  end
 else
   for i = 0, n - 1 do
-    local base = 5 + i * 3
     local id = string.format('%d-0', first + i)
-    if expires ~= '' then
-      redis.call('XADD', stream, id, 'p', ARGV[base], 'k', ARGV[base + 1], 't', stamp, 'h', ARGV[base + 2], 'e', expires)
-    elseif ARGV[base + 2] == '' then
-      redis.call('XADD', stream, id, 'p', ARGV[base], 'k', ARGV[base + 1], 't', stamp)
+    local payload, kind, headers = message(i)
+    if headers == '' and expires == '' then
+      if kind == 'b' then
+        redis.call('XADD', stream, id, 'p', payload, 't', stamp)
+      else
+        redis.call('XADD', stream, id, 'p', payload, 'k', kind, 't', stamp)
+      end
     else
-      redis.call('XADD', stream, id, 'p', ARGV[base], 'k', ARGV[base + 1], 't', stamp, 'h', ARGV[base + 2])
+      local args = {'XADD', stream, id, 'p', payload}
+      if kind ~= 'b' then args[#args + 1] = 'k'; args[#args + 1] = kind end
+      args[#args + 1] = 't'; args[#args + 1] = stamp
+      if headers ~= '' then args[#args + 1] = 'h'; args[#args + 1] = headers end
+      if expires ~= '' then args[#args + 1] = 'e'; args[#args + 1] = expires end
+      redis.call(unpack(args))
     end
   end
 end

@@ -356,6 +356,7 @@ def push(
             keys.notify_channel,
             "",  # due now
             "",  # never expires
+            3,  # (payload, kind, headers) per message
             *flat,
         )
     except redis_module.ResponseError as exc:
