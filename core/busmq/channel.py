@@ -356,7 +356,7 @@ class Channel:
         async def settle(message_id: int, ack: bool) -> None:
             if self._state is ChannelState.ENDED:
                 return  # the queue is gone; there is nothing left to settle
-            await consumer._settle(message_id, ack)
+            await consumer.settle_one(message_id, ack)
 
         return settle
 

@@ -17,6 +17,7 @@ from .consumer import Consumer
 from .consuming import Mode
 from .controls import QueueInfo, RateLimit
 from .keys import dead_letter_name
+from .local_reader import local_consumer
 from .message import EncodedMessage, Message
 from .pushing import Item, PushOptions, PushResult
 from .queue_api import Owner, QueueAPI, Retention
@@ -160,7 +161,7 @@ class LocalQueueBackend:
         )
 
     def consumer(self, mode: Mode, **options: Any) -> Consumer:
-        return Consumer(self._queue(), mode, **options)
+        return local_consumer(self._queue(), self._store, mode, **options)
 
     async def ack(self, ids: list[int]) -> list[int]:
         return await self._store.ack(ids)

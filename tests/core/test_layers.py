@@ -17,7 +17,6 @@ ALLOWED = {
     frozenset(
         {
             "federation.channel",
-            "federation.consumer",
             "federation.manager",
             "federation.persistable",
             "federation.queue",

@@ -21,14 +21,15 @@ drains there). It stays there (sticky) rather than return to the primary.
 
 Modules: ``settings`` (targets, outbox bounds, backoff), ``link`` (pool of warm
 channels, link state and failover per target), ``queue`` (:class:`FederatedQueue`),
-``consumer`` (resumable streams), ``channel`` (:class:`FederatedChannel`),
+``consume_stream`` (a consumer's resumable ``Consume`` stream: federated consumers are
+:class:`busmq.Consumer` over it), ``channel`` (:class:`FederatedChannel`),
 ``persistable`` (:class:`FederatedPersistable`), ``service`` (:class:`FederatedService`),
 ``outbox`` (durable SQLite outbox), ``forwarder`` (drains it in order), ``errors`` (gRPC
 statuses back to busmq exceptions), ``manager`` (all of it, per bus).
 """
 
+from ..consumer import Consumer as FederatedConsumer  # one consumer, a remote reader
 from .channel import FederatedChannel
-from .consumer import FederatedConsumer
 from .errors import (
     FederationUnauthorizedError,
     InvalidRequestError,

@@ -348,7 +348,7 @@ class FederationManager:
             resumes = 0
             for queue in sorted((q for q in self._queues if q.target == url), key=_by_name):
                 lag = None
-                if queue._last_delivered is not None and link.usable:
+                if queue._last_delivered() is not None and link.usable:
                     try:
                         lag = await queue.lag()
                     except BusError as exc:

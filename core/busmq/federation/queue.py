@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from ..consumer import Consumer
 from ..consuming import Mode
 from ..controls import RateLimit, due_ms, expires_ms
 from ..durability import Durability
@@ -47,7 +48,7 @@ from ..message import Delivery, EncodedMessage, encode_item
 from ..pushing import Item, PushOptions, PushResult
 from ..queue_api import Owner, QueueAPI, Retention
 from ..v1 import queue_service_pb2 as pb
-from .consumer import FederatedConsumer
+from .consume_stream import RemoteReader
 from .convert import duration, outgoing, seconds
 from .errors import AmbiguousPush, RemoteError, error_reason, from_rpc_error
 from .link import Link, LinkState
@@ -76,7 +77,7 @@ class ConsumerLag:
     last_delivered_id: int | None
 
 
-class FederatedQueue(QueueAPI[None, FederatedConsumer]):
+class FederatedQueue(QueueAPI[None, Consumer]):
     """A queue in another datacenter, used through its gateway (see the module docstring):
     the queue API of :class:`busmq.Queue` over :class:`RemoteQueueBackend`.
 
@@ -93,7 +94,6 @@ class FederatedQueue(QueueAPI[None, FederatedConsumer]):
         self.link = link
         self._manager = manager
         self._backend = self._remote = RemoteQueueBackend(self, manager, link)
-        self._last_delivered: tuple[int, int] | None = None  # (id, push time ms)
 
     def __repr__(self) -> str:
         return f"<FederatedQueue {self.name!r} via {self.link.url} attached={self.attached}>"
@@ -115,7 +115,7 @@ class FederatedQueue(QueueAPI[None, FederatedConsumer]):
     async def lag(self) -> ConsumerLag:
         """How far behind this process's consumers are (one ``GetQueue`` call)."""
         info = await self._remote.info()
-        last = self._last_delivered
+        last = self._last_delivered()
         if info is None:
             return ConsumerLag(0, 0.0, None if last is None else last[0])
         if last is None:
@@ -130,10 +130,13 @@ class FederatedQueue(QueueAPI[None, FederatedConsumer]):
         attachment, or the queue expired while the link was down)."""
         return await self._remote.reattach()
 
-    def _note_delivered(self, item: Delivery) -> None:
-        self.consumed += 1
-        if self._last_delivered is None or item.id >= self._last_delivered[0]:
-            self._last_delivered = (item.id, item.message.timestamp_ms)
+    def _last_delivered(self) -> tuple[int, int] | None:
+        """(id, push time ms) of the last message delivered here, if any."""
+        for consumer in self._consumers:
+            last = consumer.last_handed_out()
+            if last is not None:
+                self._remote.note_delivered(last)
+        return self._remote.last_delivered
 
     def _on_link_event(self, event: Event) -> None:
         queue = event.details.get("queue")
@@ -151,20 +154,6 @@ class FederatedQueue(QueueAPI[None, FederatedConsumer]):
             await consumer.close()
         await self._remote.stop_renewer()
 
-    # What the federated consumer calls.
-
-    def _require_open(self) -> None:
-        self._remote.require_open()
-
-    async def _ack_ids(self, ids: list[int]) -> list[int]:
-        return await self._remote.ack(ids)
-
-    async def _call(self, method: str, request: Any, *, raw: bool = False) -> Any:
-        return await self._remote.call(method, request, raw=raw)
-
-    def _error(self, exc: grpc.aio.AioRpcError) -> BusError:
-        return self._remote.error(exc)
-
 
 class RemoteQueueBackend:
     """A queue behind a gateway: unary calls on the link, pushes through the link's push
@@ -174,7 +163,8 @@ class RemoteQueueBackend:
         self._queue = Owner(queue)
         self.name = queue.name
         self._manager = manager
-        self._link = link
+        self._link = self.link = link
+        self.last_delivered: tuple[int, int] | None = None  # (id, push time ms) handed out
         self._attachment: str | None = None
         self._attach_request: pb.AttachQueueRequest | None = None
         self._lease = 0.0
@@ -311,8 +301,13 @@ class RemoteQueueBackend:
             return None
         return PushResult(list(response.ids), bool(response.duplicate))
 
-    def consumer(self, mode: Mode, **options: Any) -> FederatedConsumer:
-        return FederatedConsumer(self._queue(), mode, **options)
+    def consumer(self, mode: Mode, **options: Any) -> Consumer:
+        return Consumer(self._queue(), mode, RemoteReader(self), **options)
+
+    def note_delivered(self, item: Delivery) -> None:
+        """A consumer handed ``item`` out (see :meth:`FederatedQueue.lag`)."""
+        if self.last_delivered is None or item.id >= self.last_delivered[0]:
+            self.last_delivered = (item.id, item.message.timestamp_ms)
 
     async def ack(self, ids: list[int]) -> list[int]:
         if not ids:
