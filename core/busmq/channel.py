@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from .channel_end import ChannelEnd
 from .channel_protocol import (
     CONTROL_HEADER,
     QUEUE_INFIX,
@@ -42,7 +43,7 @@ from .errors import (
     InvalidNameError,
     QueueNotFoundError,
 )
-from .events import Event, EventHub
+from .events import Event
 from .inbox import Inbox
 from .keys import MAX_NAME_LENGTH, validate_name
 from .message import Delivery, EncodedMessage, Payload
@@ -59,7 +60,7 @@ log = logging.getLogger(__name__)
 _DISCONNECT_DRAIN_SECONDS = 0.5
 
 
-class Channel:
+class Channel(ChannelEnd):
     """One end of a bidirectional channel: ``Channel(bus, name)``.
 
     ``connect()`` plays the ``local`` role (receives what is sent to ``local``, sends
@@ -106,78 +107,22 @@ class Channel:
             raise InvalidNameError(name, f"channel name plus role exceed {MAX_NAME_LENGTH}")
         if ttl is not None and ttl <= 0:
             raise ValueError("ttl must be positive")
-        self.name = name
-        self.local = local
-        self.remote = remote
-        self.ttl = ttl
-        self.events: EventHub[Event] = EventHub()
-        self.role = local
-        """The role this end plays (set by ``connect``/``listen``)."""
-        self.remote_connected = False
-        """Whether the last control signal from the peer was ``connect``."""
+        super().__init__(name, local, remote, ttl)
         self._bus = bus
-        self._state = ChannelState.IDLE
-        self._mode = Mode.AT_MOST_ONCE
         self._inbound: Queue | None = None
         self._outbound: Queue | None = None
         self._consumer: Consumer | None = None
         self._pump: asyncio.Task[None] | None = None
-        self._inbox = Inbox(1)
         self._holding: Delivery | None = None
-        self._lock = asyncio.Lock()
 
     def __repr__(self) -> str:
         return f"<Channel {self.name!r} role={self.role!r} {self._state.value}>"
 
-    @property
-    def state(self) -> ChannelState:
-        return self._state
-
-    @property
-    def peer_role(self) -> str:
-        """The role of the other end."""
-        return self.remote if self.role == self.local else self.local
-
     # -- connecting -------------------------------------------------------------------
-
-    async def connect(
-        self,
-        mode: Mode = Mode.AT_MOST_ONCE,
-        *,
-        handler: Handler | None = None,
-        prefetch: int = 100,
-        visibility_timeout: float = 30.0,
-        from_id: int = 0,
-    ) -> None:
-        """Connect as the ``local`` role: receive from ``N:to:<local>``, send to the remote.
-
-        Args:
-            mode: how this end consumes its queue, as for :meth:`Queue.consume`.
-            handler: called for each data delivery, in order, instead of the
-                iteration; in at-least-once mode the delivery is acked when it
-                returns and given back when it raises.
-            prefetch: messages fetched ahead, and the bound of the delivery buffer.
-            visibility_timeout: at-least-once: seconds before an unacked delivery
-                is redelivered to another end of the same role.
-            from_id: replay only: the first message id to read (0: the oldest kept).
-        """
-        await self._open(self.local, mode, handler, prefetch, visibility_timeout, from_id)
-
-    async def listen(
-        self,
-        mode: Mode = Mode.AT_MOST_ONCE,
-        *,
-        handler: Handler | None = None,
-        prefetch: int = 100,
-        visibility_timeout: float = 30.0,
-        from_id: int = 0,
-    ) -> None:
-        """Connect as the ``remote`` role (the roles swapped); see :meth:`connect`."""
-        await self._open(self.remote, mode, handler, prefetch, visibility_timeout, from_id)
 
     async def _open(
         self,
-        role: str,
+        listen: bool,
         mode: Mode,
         handler: Handler | None,
         prefetch: int,
@@ -189,7 +134,7 @@ class Channel:
                 raise ChannelEndedError(self.name)
             if self._state is ChannelState.CONNECTED:
                 raise ChannelStateError(self.name, f"already connected as {self.role!r}")
-            self.role = role
+            self.role = role = self.remote if listen else self.local
             inbound = Queue(self._bus, channel_queue_name(self.name, role))
             outbound = Queue(self._bus, channel_queue_name(self.name, self.peer_role))
             try:
@@ -203,12 +148,12 @@ class Channel:
                 await asyncio.gather(inbound.detach(), outbound.detach(), return_exceptions=True)
                 raise
             self._inbound, self._outbound, self._consumer = inbound, outbound, consumer
-            self._mode = mode
+            self._mode, self._handler = mode, handler
             self._inbox = Inbox(prefetch)
             self._state = ChannelState.CONNECTED
             self._emit("connected", role=role, mode=mode.value)
             self._pump = asyncio.create_task(
-                self._pump_loop(consumer, handler), name=f"busmq-channel {self.name}:{role}"
+                self._pump_loop(consumer), name=f"busmq-channel {self.name}:{role}"
             )
 
     # -- sending ----------------------------------------------------------------------
@@ -223,10 +168,8 @@ class Channel:
                 ``busmq-`` header.
         """
         check_headers(headers)
-        if self._state is ChannelState.ENDED:
-            raise ChannelEndedError(self.name)
-        if self._state is not ChannelState.CONNECTED or self._outbound is None:
-            raise ChannelStateError(self.name, "not connected (use send_to to send anyway)")
+        self._require_connected()
+        assert self._outbound is not None, "connected"
         try:
             return await self._outbound.push(message, headers=headers)
         except QueueNotFoundError:
@@ -241,10 +184,8 @@ class Channel:
         caller's to check); ``request_id`` makes a retry idempotent, as for
         :meth:`Queue.push_encoded`. Raises as :meth:`send`."""
         check_encoded_headers(messages)
-        if self._state is ChannelState.ENDED:
-            raise ChannelEndedError(self.name)
-        if self._state is not ChannelState.CONNECTED or self._outbound is None:
-            raise ChannelStateError(self.name, "not connected (use send_to to send anyway)")
+        self._require_connected()
+        assert self._outbound is not None, "connected"
         try:
             return await self._outbound.push_encoded(messages, request_id=request_id)
         except QueueNotFoundError:
@@ -259,27 +200,13 @@ class Channel:
         (until the channel's ttl runs out with no end attached).
         """
         check_headers(headers)
-        if role not in (self.local, self.remote):
-            raise InvalidNameError(role, f"not a role of channel {self.name!r}")
-        if self._state is ChannelState.ENDED:
-            raise ChannelEndedError(self.name)
+        self._check_send_to(role)
         if self._state is ChannelState.CONNECTED and role == self.peer_role and self._outbound:
             return await self.send(message, headers=headers)
         async with Queue(self._bus, channel_queue_name(self.name, role)) as queue:
             return await queue.push(message, headers=headers)
 
     # -- receiving --------------------------------------------------------------------
-
-    def __aiter__(self) -> AsyncIterator[Delivery]:
-        return self
-
-    async def __anext__(self) -> Delivery:
-        if self._state is ChannelState.IDLE:
-            raise ChannelStateError(self.name, "connect or listen before iterating")
-        delivery = await self._inbox.get()
-        if delivery is None:
-            raise StopAsyncIteration
-        return delivery
 
     async def ack(self, *ids: int) -> int:
         """Acknowledge at-least-once deliveries by id; see :meth:`Queue.ack`.
@@ -292,7 +219,7 @@ class Channel:
             raise ChannelStateError(self.name, "never connected")
         return await self._inbound.ack(*ids)
 
-    async def _pump_loop(self, consumer: Consumer, handler: Handler | None) -> None:
+    async def _pump_loop(self, consumer: Consumer) -> None:
         settle = self._settler(consumer) if consumer.mode is Mode.AT_LEAST_ONCE else None
         try:
             async for raw in consumer:
@@ -304,7 +231,7 @@ class Channel:
                 self._holding = delivery
                 control = raw.headers.get(CONTROL_HEADER)
                 if control is None:
-                    await self._deliver(delivery, handler)
+                    await self._deliver(delivery)
                     self._holding = None
                     continue
                 await self._settle_quietly(delivery, ack=True)
@@ -312,12 +239,8 @@ class Channel:
                 if control == "end":
                     await self._ended_by_peer()
                     return
-                if control == "connect":
-                    self.remote_connected = True
-                    self._emit("remote_connected")
-                elif control == "disconnect":
-                    self.remote_connected = False
-                    self._emit("remote_disconnected")
+                if control in ("connect", "disconnect"):
+                    self._peer_signal(control == "connect")
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -328,29 +251,6 @@ class Channel:
             self._pump = None
             await self._teardown()
             self._emit("disconnected", reason="lost")
-
-    async def _deliver(self, delivery: Delivery, handler: Handler | None) -> None:
-        if handler is None:
-            await self._inbox.put(delivery)
-            self._emit("message", delivery=delivery)
-            return
-        self._emit("message", delivery=delivery)
-        try:
-            await handler(delivery)
-        except Exception:
-            log.exception("channel %s handler failed on #%d", self.name, delivery.id)
-            await self._settle_quietly(delivery, ack=False)
-        else:
-            await self._settle_quietly(delivery, ack=True)
-
-    async def _settle_quietly(self, delivery: Delivery, *, ack: bool) -> None:
-        """Ack or nack for the app; a failure is an ``error`` event, not the end of the
-        channel (the delivery comes back after the visibility timeout)."""
-        try:
-            await (delivery.ack() if ack else delivery.nack())
-        except BusError as exc:
-            log.info("channel %s: could not settle #%d: %s", self.name, delivery.id, exc)
-            self.events.emit(Event("error", self.name, error=exc))
 
     def _settler(self, consumer: Consumer) -> Callable[[int, bool], Awaitable[None]]:
         async def settle(message_id: int, ack: bool) -> None:
@@ -486,12 +386,3 @@ class Channel:
             self._state = ChannelState.DISCONNECTED
         self.remote_connected = False
         self._inbox.close()
-
-    async def __aenter__(self) -> Channel:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.disconnect()
-
-    def _emit(self, kind: str, **details: object) -> None:
-        self.events.emit(Event(kind, self.name, details=dict(details)))

@@ -12,7 +12,7 @@ What differs, because the end crosses a network:
   again (the peer sees ``remote_connected``: the connection is re-announced). This end
   emits ``connected`` again with ``resumed`` in its details. What is delivered across
   the break is what the mode promises, as for a federated consumer
-  (:mod:`busmq.federation.consumer`): at-least-once redelivers everything not acked
+  (:mod:`busmq.federation.consume_stream`): at-least-once redelivers everything not acked
   (deliveries fetched but not handed out are dropped here, so none is handed out
   twice), replay resumes after the last id seen, at-most-once may lose what the
   gateway had read but not yet delivered when the link broke.
@@ -39,13 +39,14 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from ..acks import AckBatcher
 from ..channel import Channel
+from ..channel_end import ChannelEnd
 from ..channel_protocol import (
     ChannelState,
     Handler,
@@ -59,13 +60,12 @@ from ..errors import (
     BusError,
     ChannelEndedError,
     ChannelStateError,
-    InvalidNameError,
     QueueNotFoundError,
     UnknownMessageError,
 )
-from ..events import Event, EventHub
+from ..events import Event
 from ..inbox import Inbox
-from ..message import Delivery, EncodedMessage, Payload, encode
+from ..message import EncodedMessage, Payload, encode
 from ..pushing import PushResult
 from ..v1 import channel_service_pb2 as pb
 from ..v1 import channel_service_pb2_grpc as pb_grpc
@@ -91,7 +91,7 @@ _FINAL = frozenset({"ended", "disconnected"})
 _DISCONNECT_GRACE = 2.0  # seconds a disconnect waits for the gateway to confirm
 
 
-class FederatedChannel:
+class FederatedChannel(ChannelEnd):
     """One end of a channel in another datacenter (see the module docstring).
 
     Attributes:
@@ -101,46 +101,31 @@ class FederatedChannel:
         link: the :class:`~busmq.federation.Link` to the gateway.
         events: channel and link events.
         reconnects: streams reopened after a break.
+
+    ``connect`` and ``listen`` take the arguments of :meth:`busmq.Channel.connect`.
+    Refusals (bad arguments, wrong credentials, an ended channel) raise there, and so
+    does a link that is down (``BusUnavailableError``): an end that never connected has
+    nothing to resume.
     """
 
     def __init__(self, manager: FederationManager, link: Link, channel: Channel) -> None:
-        self.name = channel.name
-        self.local = channel.local
-        self.remote = channel.remote
-        self.ttl = channel.ttl
-        self.role = channel.local
-        self.remote_connected = False
+        super().__init__(channel.name, channel.local, channel.remote, channel.ttl)
         self.link = link
-        self.events: EventHub[Event] = EventHub()
         self.reconnects = 0
         self._manager = manager
-        self._state = ChannelState.IDLE
-        self._mode = Mode.AT_MOST_ONCE
         self._request: pb.ConnectChannelRequest | None = None
-        self._handler: Handler | None = None
         self._connection_id: str | None = None
         self._reader: asyncio.Task[None] | None = None
-        self._inbox = Inbox(1)
         self._acks = AckBatcher(self.name, self._ack_ids)
         self._leaving = False
         self._live = asyncio.Event()  # a stream is open: the gateway knows this end
         self._next_replay_id = 0
-        self._lock = asyncio.Lock()
 
     def __repr__(self) -> str:
         return (
             f"<FederatedChannel {self.name!r} role={self.role!r} {self._state.value} "
             f"via {self.link.url}>"
         )
-
-    @property
-    def state(self) -> ChannelState:
-        return self._state
-
-    @property
-    def peer_role(self) -> str:
-        """The role of the other end."""
-        return self.remote if self.role == self.local else self.local
 
     @property
     def target(self) -> str:
@@ -156,35 +141,6 @@ class FederatedChannel:
         return channel_queue_name(self.name, self.peer_role)
 
     # -- connecting -------------------------------------------------------------------
-
-    async def connect(
-        self,
-        mode: Mode = Mode.AT_MOST_ONCE,
-        *,
-        handler: Handler | None = None,
-        prefetch: int = 100,
-        visibility_timeout: float = 30.0,
-        from_id: int = 0,
-    ) -> None:
-        """Connect as the ``local`` role; arguments as :meth:`busmq.Channel.connect`.
-
-        Refusals (bad arguments, wrong credentials, an ended channel) raise here, and
-        so does a link that is down (``BusUnavailableError``): an end that never
-        connected has nothing to resume.
-        """
-        await self._open(False, mode, handler, prefetch, visibility_timeout, from_id)
-
-    async def listen(
-        self,
-        mode: Mode = Mode.AT_MOST_ONCE,
-        *,
-        handler: Handler | None = None,
-        prefetch: int = 100,
-        visibility_timeout: float = 30.0,
-        from_id: int = 0,
-    ) -> None:
-        """Connect as the ``remote`` role (the roles swapped); see :meth:`connect`."""
-        await self._open(True, mode, handler, prefetch, visibility_timeout, from_id)
 
     async def _open(
         self,
@@ -328,12 +284,8 @@ class FederatedChannel:
         """Apply a state event of the remote end; True if it was the last one."""
         kind = state.kind
         details = dict(state.details)
-        if kind == "remote_connected":
-            self.remote_connected = True
-            self._emit("remote_connected")
-        elif kind == "remote_disconnected":
-            self.remote_connected = False
-            self._emit("remote_disconnected")
+        if kind in ("remote_connected", "remote_disconnected"):
+            self._peer_signal(kind == "remote_connected")
         elif kind == "ended":
             if details.get("by") == "remote":
                 await self._ended_by_peer()
@@ -347,27 +299,6 @@ class FederatedChannel:
             error = RemoteError("CHANNEL", reason, f"channel {self.name!r} failed remotely")
             self.events.emit(Event("error", self.name, error=error, details=details))
         return False
-
-    async def _deliver(self, item: Delivery) -> None:
-        if self._handler is None:
-            await self._inbox.put(item)
-            self._emit("message", delivery=item)
-            return
-        self._emit("message", delivery=item)
-        try:
-            await self._handler(item)
-        except Exception:
-            log.exception("channel %s handler failed on #%d", self.name, item.id)
-            await self._settle_quietly(item, ack=False)
-        else:
-            await self._settle_quietly(item, ack=True)
-
-    async def _settle_quietly(self, item: Delivery, *, ack: bool) -> None:
-        try:
-            await (item.ack() if ack else item.nack())
-        except BusError as exc:
-            log.info("channel %s: could not settle #%d: %s", self.name, item.id, exc)
-            self.events.emit(Event("error", self.name, error=exc))
 
     def _after_break(self) -> None:
         if self._mode is Mode.AT_LEAST_ONCE:
@@ -424,10 +355,7 @@ class FederatedChannel:
         created if needed); returns its id. Direct only: raises
         ``BusUnavailableError`` while the link is down."""
         check_headers(headers)
-        if role not in (self.local, self.remote):
-            raise InvalidNameError(role, f"not a role of channel {self.name!r}")
-        if self._state is ChannelState.ENDED:
-            raise ChannelEndedError(self.name)
+        self._check_send_to(role)
         await self._require_usable()
         limit = self._manager.bus.settings.max_message_bytes
         request = pb.SendToRoleRequest(
@@ -442,17 +370,6 @@ class FederatedChannel:
         return int(response.ids[0])
 
     # -- receiving --------------------------------------------------------------------
-
-    def __aiter__(self) -> AsyncIterator[Delivery]:
-        return self
-
-    async def __anext__(self) -> Delivery:
-        if self._state is ChannelState.IDLE:
-            raise ChannelStateError(self.name, "connect or listen before iterating")
-        item = await self._inbox.get()
-        if item is None:
-            raise StopAsyncIteration
-        return item
 
     async def ack(self, *ids: int) -> int:
         """Acknowledge at-least-once deliveries by id; raises
@@ -582,12 +499,6 @@ class FederatedChannel:
                 await self._live.wait()
         return self._state is ChannelState.CONNECTED and self._connection_id is not None
 
-    async def __aenter__(self) -> FederatedChannel:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.disconnect()
-
     # -- federation plumbing ----------------------------------------------------------
 
     def _on_link_event(self, event: Event) -> None:
@@ -609,12 +520,6 @@ class FederatedChannel:
             raise BusClosedError("federation is closed")
         await self.link.require_usable()
 
-    def _require_connected(self) -> None:
-        if self._state is ChannelState.ENDED:
-            raise ChannelEndedError(self.name)
-        if self._state is not ChannelState.CONNECTED:
-            raise ChannelStateError(self.name, "not connected (use send_to to send anyway)")
-
     async def _call(self, method: str, request: Any) -> Any:
         link = self.link
         if link.state is LinkState.CLOSED:
@@ -631,6 +536,3 @@ class FederatedChannel:
         if reason == "CHANNEL_STATE":
             return ChannelStateError(self.name, exc.details() or "")
         return from_rpc_error(exc, queue=self.name, target=self.target)
-
-    def _emit(self, kind: str, **details: object) -> None:
-        self.events.emit(Event(kind, self.name, details=dict(details)))

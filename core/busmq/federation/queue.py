@@ -15,7 +15,7 @@ with these differences:
 * An attachment is a lease renewed through the gateway every ``lease_duration / 3``;
   if the gateway forgot it (it restarted, or the link was down past the lease) the
   queue is attached again (an ``attached`` event with ``reattached`` in its details).
-* Consumers resume across link breaks; see :mod:`busmq.federation.consumer`.
+* Consumers resume across link breaks; see :mod:`busmq.federation.consume_stream`.
 * Link events are re-emitted on ``queue.events`` with the link URL as ``source``:
   ``ready``, ``unauthorized``, ``closed`` (the link, not the queue), ``error``,
   ``state`` and ``failover``. Queue events have the queue name as ``source``: ``attached``,

@@ -1,0 +1,175 @@
+"""What every end of a channel does, local or federated: its roles and state, the
+delivery of data to the iteration or the handler, the peer's signals, the checks of a
+send to a role, and the events."""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Self
+
+from .channel_protocol import ChannelState, Handler
+from .consuming import Mode
+from .errors import BusError, ChannelEndedError, ChannelStateError, InvalidNameError
+from .events import Event, EventHub
+from .inbox import Inbox
+from .message import Delivery
+
+log = logging.getLogger(__name__)
+
+
+class ChannelEnd(abc.ABC):
+    """The part of :class:`busmq.Channel` and :class:`~busmq.federation.FederatedChannel`
+    that does not depend on where the channel's queues live.
+
+    Attributes:
+        name, local, remote, ttl: the channel and its two roles.
+        role: the role this end plays (set by ``connect``/``listen``).
+        remote_connected: whether the last signal from the peer was a connect.
+        events: channel events (see :class:`busmq.Channel`).
+    """
+
+    def __init__(self, name: str, local: str, remote: str, ttl: float | None) -> None:
+        self.name = name
+        self.local = local
+        self.remote = remote
+        self.ttl = ttl
+        self.events: EventHub[Event] = EventHub()
+        self.role = local
+        self.remote_connected = False
+        self._state = ChannelState.IDLE
+        self._mode = Mode.AT_MOST_ONCE
+        self._handler: Handler | None = None
+        self._inbox = Inbox(1)
+        self._lock = asyncio.Lock()
+
+    @property
+    def state(self) -> ChannelState:
+        return self._state
+
+    @property
+    def peer_role(self) -> str:
+        """The role of the other end."""
+        return self.remote if self.role == self.local else self.local
+
+    # -- connecting -------------------------------------------------------------------
+
+    async def connect(
+        self,
+        mode: Mode = Mode.AT_MOST_ONCE,
+        *,
+        handler: Handler | None = None,
+        prefetch: int = 100,
+        visibility_timeout: float = 30.0,
+        from_id: int = 0,
+    ) -> None:
+        """Connect as the ``local`` role: receive from ``N:to:<local>``, send to the remote.
+
+        Args:
+            mode: how this end consumes its queue, as for :meth:`Queue.consume`.
+            handler: called for each data delivery, in order, instead of the
+                iteration; in at-least-once mode the delivery is acked when it
+                returns and given back when it raises.
+            prefetch: messages fetched ahead, and the bound of the delivery buffer.
+            visibility_timeout: at-least-once: seconds before an unacked delivery
+                is redelivered to another end of the same role.
+            from_id: replay only: the first message id to read (0: the oldest kept).
+        """
+        await self._open(False, mode, handler, prefetch, visibility_timeout, from_id)
+
+    async def listen(
+        self,
+        mode: Mode = Mode.AT_MOST_ONCE,
+        *,
+        handler: Handler | None = None,
+        prefetch: int = 100,
+        visibility_timeout: float = 30.0,
+        from_id: int = 0,
+    ) -> None:
+        """Connect as the ``remote`` role (the roles swapped); see :meth:`connect`."""
+        await self._open(True, mode, handler, prefetch, visibility_timeout, from_id)
+
+    @abc.abstractmethod
+    async def _open(
+        self,
+        listen: bool,
+        mode: Mode,
+        handler: Handler | None,
+        prefetch: int,
+        visibility_timeout: float,
+        from_id: int,
+    ) -> None:
+        """Connect as ``remote`` (``listen``) or ``local``; where the queues live."""
+
+    @abc.abstractmethod
+    async def disconnect(self, *, release_unacked: bool = False) -> None:
+        """Tell the peer and stop receiving (see :meth:`busmq.Channel.disconnect`)."""
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.disconnect()
+
+    # -- receiving --------------------------------------------------------------------
+
+    def __aiter__(self) -> AsyncIterator[Delivery]:
+        return self
+
+    async def __anext__(self) -> Delivery:
+        if self._state is ChannelState.IDLE:
+            raise ChannelStateError(self.name, "connect or listen before iterating")
+        delivery = await self._inbox.get()
+        if delivery is None:
+            raise StopAsyncIteration
+        return delivery
+
+    async def _deliver(self, delivery: Delivery) -> None:
+        """Data from the peer: to the handler (settled by how it ends), else to the
+        iteration."""
+        handler = self._handler
+        if handler is None:
+            await self._inbox.put(delivery)
+            self._emit("message", delivery=delivery)
+            return
+        self._emit("message", delivery=delivery)
+        try:
+            await handler(delivery)
+        except Exception:
+            log.exception("channel %s handler failed on #%d", self.name, delivery.id)
+            await self._settle_quietly(delivery, ack=False)
+        else:
+            await self._settle_quietly(delivery, ack=True)
+
+    async def _settle_quietly(self, delivery: Delivery, *, ack: bool) -> None:
+        """Ack or nack for the app; a failure is an ``error`` event, not the end of the
+        channel (the delivery comes back after the visibility timeout)."""
+        try:
+            await (delivery.ack() if ack else delivery.nack())
+        except BusError as exc:
+            log.info("channel %s: could not settle #%d: %s", self.name, delivery.id, exc)
+            self.events.emit(Event("error", self.name, error=exc))
+
+    def _peer_signal(self, connected: bool) -> None:
+        """The peer connected or disconnected."""
+        self.remote_connected = connected
+        self._emit("remote_connected" if connected else "remote_disconnected")
+
+    # -- checks and events ------------------------------------------------------------
+
+    def _check_send_to(self, role: str) -> None:
+        if role not in (self.local, self.remote):
+            raise InvalidNameError(role, f"not a role of channel {self.name!r}")
+        if self._state is ChannelState.ENDED:
+            raise ChannelEndedError(self.name)
+
+    def _require_connected(self) -> None:
+        if self._state is ChannelState.ENDED:
+            raise ChannelEndedError(self.name)
+        if self._state is not ChannelState.CONNECTED:
+            raise ChannelStateError(self.name, "not connected (use send_to to send anyway)")
+
+    def _emit(self, kind: str, **details: object) -> None:
+        self.events.emit(Event(kind, self.name, details=dict(details)))
