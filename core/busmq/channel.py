@@ -23,12 +23,11 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from .channel_end import ChannelEnd
+from .channel_end import ChannelEnd, EndOptions
 from .channel_protocol import (
     CONTROL_HEADER,
     QUEUE_INFIX,
     ChannelState,
-    Handler,
     channel_queue_name,
     check_encoded_headers,
     check_headers,
@@ -120,15 +119,9 @@ class Channel(ChannelEnd):
 
     # -- connecting -------------------------------------------------------------------
 
-    async def _open(
-        self,
-        listen: bool,
-        mode: Mode,
-        handler: Handler | None,
-        prefetch: int,
-        visibility_timeout: float,
-        from_id: int,
-    ) -> None:
+    async def _open(self, listen: bool, options: EndOptions) -> None:
+        mode, handler, prefetch = options.mode, options.handler, options.prefetch
+        visibility_timeout, from_id = options.visibility_timeout, options.from_id
         async with self._lock:
             if self._state is ChannelState.ENDED:
                 raise ChannelEndedError(self.name)

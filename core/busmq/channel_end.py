@@ -8,6 +8,7 @@ import abc
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Self
 
 from .channel_protocol import ChannelState, Handler
@@ -18,6 +19,17 @@ from .inbox import Inbox
 from .message import Delivery
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class EndOptions:
+    """How an end receives (the arguments of ``connect``/``listen``)."""
+
+    mode: Mode
+    handler: Handler | None
+    prefetch: int
+    visibility_timeout: float
+    from_id: int
 
 
 class ChannelEnd(abc.ABC):
@@ -77,7 +89,7 @@ class ChannelEnd(abc.ABC):
                 is redelivered to another end of the same role.
             from_id: replay only: the first message id to read (0: the oldest kept).
         """
-        await self._open(False, mode, handler, prefetch, visibility_timeout, from_id)
+        await self._open(False, EndOptions(mode, handler, prefetch, visibility_timeout, from_id))
 
     async def listen(
         self,
@@ -89,18 +101,10 @@ class ChannelEnd(abc.ABC):
         from_id: int = 0,
     ) -> None:
         """Connect as the ``remote`` role (the roles swapped); see :meth:`connect`."""
-        await self._open(True, mode, handler, prefetch, visibility_timeout, from_id)
+        await self._open(True, EndOptions(mode, handler, prefetch, visibility_timeout, from_id))
 
     @abc.abstractmethod
-    async def _open(
-        self,
-        listen: bool,
-        mode: Mode,
-        handler: Handler | None,
-        prefetch: int,
-        visibility_timeout: float,
-        from_id: int,
-    ) -> None:
+    async def _open(self, listen: bool, options: EndOptions) -> None:
         """Connect as ``remote`` (``listen``) or ``local``; where the queues live."""
 
     @abc.abstractmethod

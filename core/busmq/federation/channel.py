@@ -46,10 +46,9 @@ import grpc
 
 from ..acks import AckBatcher
 from ..channel import Channel
-from ..channel_end import ChannelEnd
+from ..channel_end import ChannelEnd, EndOptions
 from ..channel_protocol import (
     ChannelState,
-    Handler,
     channel_queue_name,
     check_encoded_headers,
     check_headers,
@@ -142,15 +141,9 @@ class FederatedChannel(ChannelEnd):
 
     # -- connecting -------------------------------------------------------------------
 
-    async def _open(
-        self,
-        listen: bool,
-        mode: Mode,
-        handler: Handler | None,
-        prefetch: int,
-        visibility_timeout: float,
-        from_id: int,
-    ) -> None:
+    async def _open(self, listen: bool, options: EndOptions) -> None:
+        mode, handler, prefetch = options.mode, options.handler, options.prefetch
+        visibility_timeout, from_id = options.visibility_timeout, options.from_id
         if prefetch < 1:
             raise ValueError(f"prefetch must be at least 1, got {prefetch}")
         if visibility_timeout <= 0:
