@@ -30,7 +30,6 @@ from .channel_protocol import (
     ChannelState,
     channel_queue_name,
     check_encoded_headers,
-    check_headers,
     validate_role,
 )
 from .consumer import Consumer
@@ -45,7 +44,7 @@ from .errors import (
 from .events import Event
 from .inbox import Inbox
 from .keys import MAX_NAME_LENGTH, validate_name
-from .message import Delivery, EncodedMessage, Payload
+from .message import Delivery, EncodedMessage, Payload, check_headers
 from .pushing import PushResult
 from .queue import Queue
 

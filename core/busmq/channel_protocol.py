@@ -7,12 +7,12 @@ from __future__ import annotations
 import enum
 import json
 import re
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
-from .errors import InvalidMessageError, InvalidNameError
+from .errors import InvalidNameError
 from .keys import validate_name
-from .message import Delivery, EncodedMessage
+from .message import Delivery, EncodedMessage, check_headers
 from .pushing import PushResult
 from .queue import Queue
 
@@ -21,7 +21,6 @@ if TYPE_CHECKING:
 
 CONTROL_HEADER = "busmq-control"
 """Header that marks a control message; its value is ``connect``, ``disconnect`` or ``end``."""
-RESERVED_HEADER_PREFIX = "busmq-"
 QUEUE_INFIX = ":to:"
 MAX_ROLE_LENGTH = 40
 _ROLE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@/-]*")
@@ -87,10 +86,3 @@ def check_encoded_headers(messages: Sequence[EncodedMessage]) -> None:
     for message in messages:
         if message.headers:
             check_headers(json.loads(message.headers))
-
-
-def check_headers(headers: Mapping[str, str] | None) -> None:
-    if headers and any(
-        isinstance(k, str) and k.startswith(RESERVED_HEADER_PREFIX) for k in headers
-    ):
-        raise InvalidMessageError(f"headers starting with {RESERVED_HEADER_PREFIX!r} are reserved")

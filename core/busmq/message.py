@@ -152,6 +152,19 @@ def decode_entry(entry_id: bytes, fields: Mapping[bytes, bytes]) -> Message:
     )
 
 
+RESERVED_HEADER_PREFIX = "busmq-"
+"""Headers starting with this are busmq's own (channel control, reply routing, dead
+letters): refused in what an application sends."""
+
+
+def check_headers(headers: Mapping[str, str] | None) -> None:
+    """Raise :class:`InvalidMessageError` if ``headers`` use the reserved prefix."""
+    if headers and any(
+        isinstance(k, str) and k.startswith(RESERVED_HEADER_PREFIX) for k in headers
+    ):
+        raise InvalidMessageError(f"headers starting with {RESERVED_HEADER_PREFIX!r} are reserved")
+
+
 _KINDS = {kind.value: kind for kind in PayloadKind}
 NO_HEADERS: Mapping[str, str] = MappingProxyType({})
 """The headers of every message pushed without any: one shared, read-only mapping."""

@@ -38,7 +38,6 @@ from .consuming import Mode
 from .errors import (
     BusClosedError,
     BusError,
-    InvalidMessageError,
     InvalidNameError,
     QueueNotFoundError,
     RequestTimeoutError,
@@ -46,7 +45,15 @@ from .errors import (
 )
 from .events import Event, EventHub
 from .keys import MAX_NAME_LENGTH, validate_name
-from .message import Delivery, EncodedMessage, Message, Payload, encode
+from .message import (
+    RESERVED_HEADER_PREFIX,
+    Delivery,
+    EncodedMessage,
+    Message,
+    Payload,
+    check_headers,
+    encode,
+)
 from .queue import Queue
 
 if TYPE_CHECKING:
@@ -59,7 +66,6 @@ REPLY_TO = "busmq-reply-to"
 CORRELATION_ID = "busmq-correlation-id"
 REPLY_KIND = "busmq-reply"
 SEQ = "busmq-seq"
-RESERVED_HEADER_PREFIX = "busmq-"
 MAX_SERVICE_NAME_LENGTH = 150
 _MAX_BATCH = 500
 _REPLY_QUEUE_CACHE = 1024
@@ -188,7 +194,7 @@ class Service:
             ServiceError: the handler raised.
             InvalidMessageError: the payload or headers cannot be sent.
         """
-        limit = self._timeout(timeout)
+        limit = request_timeout(self.timeout, timeout)
         correlation_id, message = self._prepare(payload, headers)
         pending = self._pending[correlation_id] = _Pending()
         try:
@@ -223,7 +229,7 @@ class Service:
             RequestTimeoutError: an item did not come within ``timeout`` seconds.
             ServiceError: the handler raised (after the items it produced).
         """
-        limit = self._timeout(timeout)
+        limit = request_timeout(self.timeout, timeout)
         correlation_id, request = self._prepare(payload, headers)
         pending = self._pending[correlation_id] = _Pending()
         try:
@@ -252,12 +258,6 @@ class Service:
                 raise RequestTimeoutError(self.name, correlation_id, limit) from None
             raise
 
-    def _timeout(self, timeout: float | None) -> float:
-        limit = self.timeout if timeout is None else timeout
-        if limit <= 0:
-            raise ValueError(f"timeout must be positive, got {limit!r}")
-        return limit
-
     def _prepare(
         self, payload: Payload, headers: Mapping[str, str] | None
     ) -> tuple[str, EncodedMessage]:
@@ -265,12 +265,7 @@ class Service:
         on its own, before it could fail the batch it would be pushed with."""
         if self._closed:
             raise BusClosedError(f"service {self.name!r} is closed")
-        if headers and any(
-            isinstance(k, str) and k.startswith(RESERVED_HEADER_PREFIX) for k in headers
-        ):
-            raise InvalidMessageError(
-                f"headers starting with {RESERVED_HEADER_PREFIX!r} are reserved"
-            )
+        check_headers(headers)
         correlation_id = uuid.uuid4().hex
         full = {**(headers or {}), REPLY_TO: self.reply_queue_name, CORRELATION_ID: correlation_id}
         return correlation_id, encode(payload, full, self._bus.settings.max_message_bytes)
@@ -577,3 +572,11 @@ class _Pending:
         if isinstance(item, BaseException):
             raise item
         return item
+
+
+def request_timeout(default: float, timeout: float | None) -> float:
+    """A request's time limit: ``timeout``, else the service's ``default``."""
+    limit = default if timeout is None else timeout
+    if limit <= 0:
+        raise ValueError(f"timeout must be positive, got {limit!r}")
+    return limit

@@ -51,7 +51,6 @@ from ..channel_protocol import (
     ChannelState,
     channel_queue_name,
     check_encoded_headers,
-    check_headers,
 )
 from ..consuming import Mode
 from ..errors import (
@@ -64,7 +63,7 @@ from ..errors import (
 )
 from ..events import Event
 from ..inbox import Inbox
-from ..message import EncodedMessage, Payload, encode
+from ..message import EncodedMessage, Payload, check_headers, encode
 from ..pushing import PushResult
 from ..v1 import channel_service_pb2 as pb
 from ..v1 import channel_service_pb2_grpc as pb_grpc

@@ -54,13 +54,12 @@ from ..errors import (
     BusClosedError,
     BusError,
     BusUnavailableError,
-    InvalidMessageError,
     RequestTimeoutError,
     ServiceError,
 )
 from ..events import Event, EventHub
-from ..message import Payload, encode
-from ..service import RESERVED_HEADER_PREFIX, Handler, Request, Service
+from ..message import Payload, check_headers, encode
+from ..service import Handler, Request, Service, request_timeout
 from ..v1 import request_service_pb2 as pb
 from ..v1 import request_service_pb2_grpc as pb_grpc
 from ..v1 import types_pb2
@@ -160,7 +159,7 @@ class FederatedService:
             FederationUnauthorizedError: the gateway refuses the credentials.
             InvalidMessageError: the payload or headers cannot be sent.
         """
-        limit = self._timeout(timeout)
+        limit = request_timeout(self.timeout, timeout)
         message = self._outgoing(payload, headers)
         await self._ready()
         link = self.link
@@ -189,7 +188,7 @@ class FederatedService:
             BusUnavailableError: the link is not usable, or the stream was cut (or the
                 gateway shut down) before the end of the reply.
         """
-        limit = self._timeout(timeout)
+        limit = request_timeout(self.timeout, timeout)
         message = self._outgoing(payload, headers)
         await self._ready()
         request = pb.CallStreamRequest(service=self.name, request=message, timeout=duration(limit))
@@ -234,23 +233,12 @@ class FederatedService:
             if event == "state" and response.state.kind == "draining":
                 draining = True
 
-    def _timeout(self, timeout: float | None) -> float:
-        limit = self.timeout if timeout is None else timeout
-        if limit <= 0:
-            raise ValueError(f"timeout must be positive, got {limit!r}")
-        return limit
-
     def _outgoing(
         self, payload: Payload, headers: Mapping[str, str] | None
     ) -> types_pb2.OutgoingMessage:
         """The request as sent, refused here (as the local service does) if it cannot be."""
         self._require_open()
-        if headers and any(
-            isinstance(k, str) and k.startswith(RESERVED_HEADER_PREFIX) for k in headers
-        ):
-            raise InvalidMessageError(
-                f"headers starting with {RESERVED_HEADER_PREFIX!r} are reserved"
-            )
+        check_headers(headers)
         encoded = encode(payload, headers, self._manager.bus.settings.max_message_bytes)
         return types_pb2.OutgoingMessage(**outgoing([encoded])[0])
 
