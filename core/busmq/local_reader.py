@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import consumer_group
-from .consumer import Consumer
+from .consumer import Consumer, ConsumerHost
 from .consuming import LATEST, Mode, wait_for_wakeup
 from .controls import Settlement, settle
 from .errors import BusError, BusUnavailableError, ModeConflictError
@@ -50,7 +50,7 @@ _LEAN_SECONDS = 5.0  # longest run of lean reads between two full ones
 _names = itertools.count(1)
 
 
-def local_consumer(queue: Any, store: QueueStore, mode: Mode, **options: Any) -> Consumer:
+def local_consumer(queue: ConsumerHost, store: QueueStore, mode: Mode, **options: Any) -> Consumer:
     """A consumer of ``queue`` (a :class:`~busmq.queue.Queue`), reading ``store``."""
     name = f"{store.bus.client_id}:{next(_names)}"
     return Consumer(queue, mode, LocalReader(store), name=name, **options)

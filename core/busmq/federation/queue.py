@@ -163,7 +163,7 @@ class RemoteQueueBackend:
         self._queue = Owner(queue)
         self.name = queue.name
         self._manager = manager
-        self._link = self.link = link
+        self.link = link
         self.last_delivered: tuple[int, int] | None = None  # (id, push time ms) handed out
         self._attachment: str | None = None
         self._attach_request: pb.AttachQueueRequest | None = None
@@ -296,7 +296,7 @@ class RemoteQueueBackend:
         if options.durability is not None:
             request.durability = str(Durability.parse(options.durability))
         set_timing(request, options.delay, options.at, options.ttl, options.expires_at)
-        response = await push_or_queue(self._manager, self._link, request, len(encoded))
+        response = await push_or_queue(self._manager, self.link, request, len(encoded))
         if response is None:
             return None
         return PushResult(list(response.ids), bool(response.duplicate))
@@ -390,7 +390,7 @@ class RemoteQueueBackend:
     async def call(self, method: str, request: Any, *, raw: bool = False) -> Any:
         """A unary call that waits for the link within the operation timeout; errors
         are mapped to busmq exceptions (``raw``: left as gRPC errors)."""
-        link = self._link
+        link = self.link
         if link.state is LinkState.CLOSED:
             raise BusClosedError(f"the link to {link.url} is closed")
         try:
@@ -401,7 +401,7 @@ class RemoteQueueBackend:
             raise self.error(exc) from None
 
     def error(self, exc: grpc.aio.AioRpcError) -> BusError:
-        return from_rpc_error(exc, queue=self.name, target=self._link.url)
+        return from_rpc_error(exc, queue=self.name, target=self.link.url)
 
 
 def checked_request_id(request_id: str | None) -> str:
