@@ -20,7 +20,7 @@ from .keys import dead_letter_name
 from .local_reader import local_consumer
 from .message import EncodedMessage, Message
 from .pushing import Item, PushOptions, PushResult
-from .queue_api import Owner, QueueAPI, Retention
+from .queue_api import AttachOptions, Owner, QueueAPI, Retention
 from .queue_store import QueueStore
 
 if TYPE_CHECKING:
@@ -94,24 +94,19 @@ class LocalQueueBackend:
 
     # -- attachment ---------------------------------------------------------------
 
-    async def attach(
-        self,
-        ttl: float | None,
-        retention: Retention | None,
-        max_backlog: int | None,
-        auto_renew: bool,
-    ) -> bool:
+    async def attach(self, options: AttachOptions) -> bool:
+        ttl = options.ttl
         ttl_ms = _ms(ttl if ttl is not None else self._bus.settings.default_ttl)
         if ttl_ms < 1:
             raise ValueError("ttl must be positive")
         store = self._store
         store.shard = shard = await store.locate()
         member = f"{self._bus.client_id}:{next(self._attachments)}"
-        limits = _limit_args(retention, max_backlog)
+        limits = _limit_args(options.retention, options.max_backlog)
         created, _ = await self._lease(member, create=True, ttl_ms=str(ttl_ms), limits=limits)
         self._bus.placement.remember(store.keys.info, shard)
         self._member = member
-        self.auto_renew = auto_renew
+        self.auto_renew = options.auto_renew
         self._bus.attached.add(self._queue())
         return bool(created)
 

@@ -49,6 +49,16 @@ class Retention:
             raise ValueError("Retention.max_age must be positive")
 
 
+@dataclass(frozen=True)
+class AttachOptions:
+    """The arguments of :meth:`QueueAPI.attach`, checked, as a backend takes them."""
+
+    ttl: float | None = None
+    retention: Retention | None = None
+    max_backlog: int | None = None
+    auto_renew: bool = True
+
+
 Q = TypeVar("Q")
 
 
@@ -92,13 +102,7 @@ class QueueBackend(Protocol[Absent, C_co]):
     def require_open(self) -> None:
         """Raise :class:`~busmq.BusClosedError` if the bus (or federation) is closed."""
 
-    async def attach(
-        self,
-        ttl: float | None,
-        retention: Retention | None,
-        max_backlog: int | None,
-        auto_renew: bool,
-    ) -> bool:
+    async def attach(self, options: AttachOptions) -> bool:
         """Take an attachment (creating the queue if needed); whether it was created."""
         ...
 
@@ -212,7 +216,8 @@ class QueueAPI(Generic[Absent, C]):
             raise ValueError("ttl must be positive")
         if max_backlog is not None and max_backlog < 0:
             raise ValueError("max_backlog must not be negative")
-        created = await self._backend.attach(ttl, retention, max_backlog, auto_renew)
+        options = AttachOptions(ttl, retention, max_backlog, auto_renew)
+        created = await self._backend.attach(options)
         self.events.emit(Event("attached", self.name, details={"created": created}))
         return created
 

@@ -28,8 +28,7 @@ import collections
 import itertools
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .batching import TickBatcher
@@ -43,27 +42,39 @@ from .errors import (
     RequestTimeoutError,
     ServiceError,
 )
-from .events import Event, EventHub
+from .events import Event
 from .keys import MAX_NAME_LENGTH, validate_name
-from .message import (
-    RESERVED_HEADER_PREFIX,
-    Delivery,
-    EncodedMessage,
-    Message,
-    Payload,
-    check_headers,
-    encode,
-)
+from .message import Delivery, EncodedMessage, Message, Payload, encode
 from .queue import Queue
+from .service_api import (
+    CORRELATION_ID,
+    Handler,
+    NotAwaited,
+    ReplyFailed,
+    Request,
+    ServeRun,
+    ServiceAPI,
+    request_timeout,
+)
 
 if TYPE_CHECKING:
     from .context import BusContext
+
+__all__ = [
+    "CORRELATION_ID",
+    "REPLY_TO",
+    "Handler",
+    "Request",
+    "RequestTimeoutError",
+    "Service",
+    "ServiceError",
+    "request_timeout",
+]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 REPLY_TO = "busmq-reply-to"
-CORRELATION_ID = "busmq-correlation-id"
 REPLY_KIND = "busmq-reply"
 SEQ = "busmq-seq"
 MAX_SERVICE_NAME_LENGTH = 150
@@ -71,57 +82,11 @@ _MAX_BATCH = 500
 _REPLY_QUEUE_CACHE = 1024
 
 
-@dataclass(frozen=True)
-class Request:
-    """A request as a handler sees it.
+class Service(ServiceAPI):
+    """A named request/reply service on the bus. Lead API: ``bus.service(name)``.
 
-    Attributes:
-        message: the request message (its headers include the reserved ones).
-        delivery_count: how many times it has been delivered (more than 1 after a
-            handler died or stalled while handling it).
-    """
-
-    message: Message
-    delivery_count: int = 1
-
-    @property
-    def data(self) -> Any:
-        """The payload as the requester passed it: bytes, str or a JSON value."""
-        return self.message.data
-
-    @property
-    def headers(self) -> dict[str, str]:
-        """The requester's own headers (without the reserved ``busmq-`` ones)."""
-        return {
-            k: v
-            for k, v in self.message.headers.items()
-            if not k.startswith(RESERVED_HEADER_PREFIX)
-        }
-
-    @property
-    def correlation_id(self) -> str:
-        return self.message.headers.get(CORRELATION_ID, "")
-
-    @property
-    def redelivered(self) -> bool:
-        return self.delivery_count > 1
-
-
-Handler = Callable[[Request], Awaitable[Any] | AsyncIterator[Any]]
-"""A coroutine function returning the reply, or an async generator function yielding
-a streamed reply; a coroutine function may also return an async iterator to stream."""
-
-
-class Service:
-    """A named request/reply service. Lead API: ``bus.service(name)``.
-
-    The same object can serve (``await service.serve(handler)``, in as many processes
-    as wanted) and make requests (``await service.request(payload)``,
-    ``async for item in service.request_stream(payload)``). ``close()`` (or
-    ``async with``) stops serving and releases the reply queue.
-
-    Events (``service.events``): ``serving`` when a ``serve()`` takes requests,
-    ``stopped`` when it returns, ``error`` when a reply could not be sent.
+    The API is :class:`~busmq.service_api.ServiceAPI`'s; here requests go through the
+    service's request queue and replies come back through this object's reply queue.
 
     Args:
         bus: a connected bus.
@@ -152,55 +117,59 @@ class Service:
         for label, value in (("timeout", timeout), ("reply_ttl", reply_ttl), ("ttl", ttl)):
             if value is not None and value <= 0:
                 raise ValueError(f"{label} must be positive, got {value!r}")
-        self.name = name
-        self.timeout = timeout
+        super().__init__(name, timeout)
         self.reply_ttl = reply_ttl
         self.ttl = ttl
         self.request_queue_name = f"{name}:requests"
         self.reply_prefix = f"{name}:replies:"
         self.reply_queue_name = f"{self.reply_prefix}{bus.client_id}.{next(self._instances)}"
         assert len(self.reply_queue_name) <= MAX_NAME_LENGTH
+        self._backend = self._local = LocalServiceBackend(self, bus)
+
+    def __repr__(self) -> str:
+        return (
+            f"<Service {self.name!r} pending={len(self._local.pending)} serving={len(self._runs)}>"
+        )
+
+
+class LocalServiceBackend:
+    """A service's requests through its request queue on the bus."""
+
+    def __init__(self, service: Service, bus: BusContext) -> None:
+        self.name = service.name
+        self._events = service.events
         self._bus = bus
+        self._ttl = service.ttl
+        self._reply_ttl = service.reply_ttl
+        self._request_queue_name = service.request_queue_name
+        self._reply_prefix = service.reply_prefix
+        self._reply_queue_name = service.reply_queue_name
         self._closed = False
-        self.events: EventHub[Event] = EventHub()
         # Requester side, set up on the first request.
         self._client_lock = asyncio.Lock()
         self._request_queue: Queue | None = None
         self._reply_queue: Queue | None = None
         self._reply_reader: asyncio.Task[None] | None = None
-        self._pending: dict[str, _Pending] = {}
+        self.pending: dict[str, _Pending] = {}
         self._batcher = TickBatcher(self._push_requests, _MAX_BATCH)
-        # Handler side.
-        self._serving: dict[Consumer, asyncio.Event] = {}  # running serve() -> its end
+        # Handler side: reply queues kept (a bounded number) so that each one's shard
+        # is looked up once.
         self._reply_queues: collections.OrderedDict[str, Queue] = collections.OrderedDict()
 
-    def __repr__(self) -> str:
-        return f"<Service {self.name!r} pending={len(self._pending)} serving={len(self._serving)}>"
+    def require_open(self) -> None:
+        pass  # a closed bus refuses the pushes and attaches themselves
 
     # -- requesting ----------------------------------------------------------------------
 
     async def request(
-        self,
-        payload: Payload,
-        *,
-        headers: Mapping[str, str] | None = None,
-        timeout: float | None = None,
+        self, payload: Payload, headers: Mapping[str, str] | None, limit: float
     ) -> Any:
-        """Send a request and return the reply (bytes, str or JSON value, as the
-        handler returned it; a streaming handler's items as a list).
-
-        Raises:
-            RequestTimeoutError: no complete reply within ``timeout`` seconds.
-            ServiceError: the handler raised.
-            InvalidMessageError: the payload or headers cannot be sent.
-        """
-        limit = request_timeout(self.timeout, timeout)
         correlation_id, message = self._prepare(payload, headers)
-        pending = self._pending[correlation_id] = _Pending()
+        pending = self.pending[correlation_id] = _Pending()
         try:
             return await self._within(limit, correlation_id, self._collect(message, pending))
         finally:
-            self._pending.pop(correlation_id, None)
+            self.pending.pop(correlation_id, None)
 
     async def _collect(self, request: EncodedMessage, pending: _Pending) -> Any:
         await self._send(request)
@@ -214,24 +183,10 @@ class Service:
             return items if kind == "end" else self._value(message)
 
     async def request_stream(
-        self,
-        payload: Payload,
-        *,
-        headers: Mapping[str, str] | None = None,
-        timeout: float | None = None,
+        self, payload: Payload, headers: Mapping[str, str] | None, limit: float
     ) -> AsyncIterator[Any]:
-        """Send a request and yield the handler's items in order until its end.
-
-        A unary handler's reply is yielded as the only item. ``timeout`` bounds the
-        wait for each item. Close the iterator early with ``contextlib.aclosing``.
-
-        Raises:
-            RequestTimeoutError: an item did not come within ``timeout`` seconds.
-            ServiceError: the handler raised (after the items it produced).
-        """
-        limit = request_timeout(self.timeout, timeout)
         correlation_id, request = self._prepare(payload, headers)
-        pending = self._pending[correlation_id] = _Pending()
+        pending = self.pending[correlation_id] = _Pending()
         try:
             await self._within(limit, correlation_id, self._send(request))
             while True:
@@ -245,7 +200,7 @@ class Service:
                 yield self._value(message)
                 return
         finally:
-            self._pending.pop(correlation_id, None)
+            self.pending.pop(correlation_id, None)
 
     async def _within(self, limit: float, correlation_id: str, step: Awaitable[T]) -> T:
         scope = asyncio.timeout(limit)
@@ -263,11 +218,8 @@ class Service:
     ) -> tuple[str, EncodedMessage]:
         """A correlation id and the encoded request. Encoding here refuses a bad request
         on its own, before it could fail the batch it would be pushed with."""
-        if self._closed:
-            raise BusClosedError(f"service {self.name!r} is closed")
-        check_headers(headers)
         correlation_id = uuid.uuid4().hex
-        full = {**(headers or {}), REPLY_TO: self.reply_queue_name, CORRELATION_ID: correlation_id}
+        full = {**(headers or {}), REPLY_TO: self._reply_queue_name, CORRELATION_ID: correlation_id}
         return correlation_id, encode(payload, full, self._bus.settings.max_message_bytes)
 
     def _value(self, message: Message) -> Any:
@@ -296,11 +248,11 @@ class Service:
                 raise BusClosedError(f"service {self.name!r} is closed")
             if self._reply_reader is not None and self._request_queue is not None:
                 return self._request_queue
-            replies = Queue(self._bus, self.reply_queue_name)
-            requests = Queue(self._bus, self.request_queue_name)
+            replies = Queue(self._bus, self._reply_queue_name)
+            requests = Queue(self._bus, self._request_queue_name)
             try:
-                await replies.attach(ttl=self.reply_ttl)
-                await requests.attach(ttl=self.ttl)
+                await replies.attach(ttl=self._reply_ttl)
+                await requests.attach(ttl=self._ttl)
                 consumer = replies.consume(Mode.AT_MOST_ONCE)
                 await consumer.start()
             except BaseException:
@@ -308,7 +260,7 @@ class Service:
                 raise
             self._reply_queue, self._request_queue = replies, requests
             self._reply_reader = asyncio.create_task(
-                self._read_replies(consumer), name=f"busmq-replies {self.reply_queue_name}"
+                self._read_replies(consumer), name=f"busmq-replies {self._reply_queue_name}"
             )
             return requests
 
@@ -317,7 +269,7 @@ class Service:
         try:
             async for delivery in consumer:
                 correlation_id = delivery.headers.get(CORRELATION_ID, "")
-                pending = self._pending.get(correlation_id)
+                pending = self.pending.get(correlation_id)
                 if pending is None:
                     log.debug("dropping a reply to %s: no longer awaited", correlation_id)
                     continue
@@ -328,7 +280,7 @@ class Service:
             # Not closed by us: fail the waiting requests; the next one sets up again.
             self._reply_reader = None
             requests, self._request_queue = self._request_queue, None
-            for pending in self._pending.values():
+            for pending in self.pending.values():
                 pending.fail(failure)
             if requests is not None:
                 try:
@@ -338,137 +290,48 @@ class Service:
 
     # -- serving -----------------------------------------------------------------------
 
-    async def serve(
-        self,
-        handler: Handler,
-        *,
-        concurrency: int = 16,
-        visibility_timeout: float = 30.0,
-    ) -> None:
-        """Handle requests until :meth:`stop_serving` or :meth:`close` (or cancellation).
-
-        ``handler(request)`` is a coroutine function returning the reply, or an async
-        generator function yielding a streamed reply (a coroutine that returns an async
-        iterator streams it too). Up to ``concurrency`` requests are handled at once. A
-        request is acked once its reply is sent; one whose handler died is redelivered
-        after ``visibility_timeout`` seconds. If the handler raises, the requester gets
-        a :class:`ServiceError`.
-        """
-        if concurrency < 1:
-            raise ValueError(f"concurrency must be at least 1, got {concurrency}")
-        if self._closed:
-            raise BusClosedError(f"service {self.name!r} is closed")
-        queue = Queue(self._bus, self.request_queue_name)
+    async def serve(self, run: ServeRun) -> None:
+        queue = Queue(self._bus, self._request_queue_name)
         # Built before attaching, so that bad options leave nothing attached.
         consumer = queue.consume(
-            Mode.AT_LEAST_ONCE, prefetch=concurrency, visibility_timeout=visibility_timeout
+            Mode.AT_LEAST_ONCE,
+            prefetch=run.concurrency,
+            visibility_timeout=run.visibility_timeout,
         )
-        await queue.attach(ttl=self.ttl)
-        done = asyncio.Event()
-        self._serving[consumer] = done
-        slots = asyncio.Semaphore(concurrency)
-        running: set[asyncio.Task[None]] = set()
+        await queue.attach(ttl=self._ttl)
+        run.on_stop = consumer.stop
         try:
             async with consumer:
-                self.events.emit(Event("serving", self.name, details={"concurrency": concurrency}))
+                details = {"concurrency": run.concurrency}
+                self._events.emit(Event("serving", self.name, details=details))
                 async for delivery in consumer:
-                    await slots.acquire()
-                    task = asyncio.create_task(self._handle(handler, delivery, slots))
-                    running.add(task)
-                    task.add_done_callback(running.discard)
+                    reply = self._reply_for(delivery)
+                    if reply is None:
+                        log.warning("service %s: malformed request #%d", self.name, delivery.id)
+                        await delivery.ack()
+                        continue
+                    request = Request(delivery.message, delivery.delivery_count)
+                    await run.dispatch(request, reply, unless_stopping=False)
                 # Stopped: the iteration drained what was fetched; finish those requests.
-                await asyncio.gather(*running, return_exceptions=True)
+                await run.finish_running()
         finally:
-            for task in running:
-                task.cancel()  # cancelled handlers give their request back
-            await asyncio.gather(*running, return_exceptions=True)
+            await run.cancel_running()
             try:
                 await queue.detach()
             except BusError as exc:
                 log.info("service %s: could not detach the request queue: %s", self.name, exc)
-            finally:
-                del self._serving[consumer]
-                done.set()
-                self.events.emit(Event("stopped", self.name))
 
-    def stop_serving(self) -> None:
-        """Make every ``serve()`` of this object finish the requests it has and return."""
-        for consumer in self._serving:
-            consumer.stop()
-
-    async def _handle(self, handler: Handler, delivery: Delivery, slots: asyncio.Semaphore) -> None:
-        try:
-            reply_to = delivery.headers.get(REPLY_TO, "")
-            correlation_id = delivery.headers.get(CORRELATION_ID, "")
-            if not self._valid_reply_to(reply_to) or not correlation_id:
-                log.warning("service %s: dropping malformed request #%d", self.name, delivery.id)
-            else:
-                reply = _Reply(self, self._reply_queue_for(reply_to), correlation_id)
-                if not await self._answer(
-                    handler, Request(delivery.message, delivery.delivery_count), reply
-                ):
-                    return  # not acked: redelivered after the visibility timeout
-            await delivery.ack()
-        except asyncio.CancelledError:
-            try:
-                await delivery.nack()
-            except BusError as exc:
-                log.info("service %s: could not give back #%d: %s", self.name, delivery.id, exc)
-            raise
-        except BusError as exc:
-            log.warning("service %s: request #%d: %s", self.name, delivery.id, exc)
-        finally:
-            slots.release()
-
-    async def _answer(self, handler: Handler, request: Request, reply: _Reply) -> bool:
-        """Run the handler and send its reply; False if the reply could not be sent
-        because Redis failed (so the request is to be retried)."""
-        try:
-            result = handler(request)
-            if not isinstance(result, AsyncIterator):
-                # A coroutine may also return an async iterator: it decides per request
-                # whether to stream (the gateway's remote handlers do).
-                result = await result
-            if isinstance(result, AsyncIterator):
-                try:
-                    seq = 0
-                    async for item in result:
-                        await reply.send("chunk", item, seq)
-                        seq += 1
-                    await reply.send("end", b"", seq)
-                finally:
-                    # Cut short (requester gone, Redis down): run the generator's cleanup now.
-                    aclose = getattr(result, "aclose", None)
-                    if aclose is not None:
-                        await aclose()
-            else:
-                await reply.send("value", result)
-        except _RequesterGone:
-            log.debug("service %s: requester of %s is gone", self.name, reply.correlation_id)
-        except _ReplyFailed as exc:
-            log.warning("service %s: could not reply: %s", self.name, exc.__cause__)
-            self.events.emit(Event("error", self.name, error=exc.__cause__))
-            return False
-        except Exception as exc:
-            log.info("service %s: handler raised %r", self.name, exc)
-            await self._send_error(reply, exc)
-        return True
-
-    async def _send_error(self, reply: _Reply, exc: Exception) -> None:
-        # A handler that passes on a ServiceError (a proxy, a remote handler) passes on
-        # the original error's type and message.
-        if isinstance(exc, ServiceError):
-            error = {"type": exc.error_type, "message": exc.detail}
-        else:
-            error = {"type": type(exc).__name__, "message": str(exc)}
-        try:
-            await reply.send("error", error)
-        except (_ReplyFailed, _RequesterGone) as failure:
-            log.info("service %s: could not send the error reply: %s", self.name, failure)
+    def _reply_for(self, delivery: Delivery) -> _Reply | None:
+        """Where the replies to ``delivery`` go; None for a malformed request."""
+        reply_to = delivery.headers.get(REPLY_TO, "")
+        correlation_id = delivery.headers.get(CORRELATION_ID, "")
+        if not correlation_id or not self._valid_reply_to(reply_to):
+            return None
+        return _Reply(self, delivery, self._reply_queue_for(reply_to), correlation_id)
 
     def _valid_reply_to(self, reply_to: str) -> bool:
         # A request may only direct replies into this service's reply queues.
-        if not reply_to.startswith(self.reply_prefix):
+        if not reply_to.startswith(self._reply_prefix):
             return False
         try:
             validate_name(reply_to)
@@ -477,28 +340,28 @@ class Service:
         return True
 
     def _reply_queue_for(self, name: str) -> Queue:
-        # Kept (a bounded number) so that each one's shard is looked up once.
         queue = self._reply_queues.pop(name, None) or Queue(self._bus, name)
         self._reply_queues[name] = queue
         if len(self._reply_queues) > _REPLY_QUEUE_CACHE:
             self._reply_queues.popitem(last=False)
         return queue
 
+    @property
+    def max_message_bytes(self) -> int:
+        return self._bus.settings.max_message_bytes
+
+    def forget_reply_queue(self, name: str) -> None:
+        self._reply_queues.pop(name, None)
+
     # -- lifecycle ---------------------------------------------------------------------
 
     async def close(self) -> None:
-        """Stop serving (finishing the requests in hand), fail the requests still
-        waiting with :class:`BusClosedError`, and release the queues."""
-        if self._closed:
-            return
         self._closed = True
-        self.stop_serving()
-        await asyncio.gather(*(done.wait() for done in self._serving.values()))
         reader, self._reply_reader = self._reply_reader, None
         if reader is not None:
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
-        for pending in self._pending.values():
+        for pending in self.pending.values():
             pending.fail(BusClosedError(f"service {self.name!r} is closed"))
         for queue in (self._reply_queue, self._request_queue):
             if queue is not None:
@@ -508,45 +371,66 @@ class Service:
                     log.info("service %s: could not detach %s: %s", self.name, queue.name, exc)
         self._reply_queue = self._request_queue = None
 
-    async def __aenter__(self) -> Service:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-
-class _RequesterGone(Exception):
-    """The reply queue no longer exists: the requester closed or crashed."""
-
-
-class _ReplyFailed(Exception):
-    """Redis failed while a reply was pushed (the cause says how)."""
-
 
 class _Reply:
-    """Sends the replies to one request, into a reply queue that must already exist."""
+    """Sends the replies to one request into a reply queue that must already exist,
+    and settles the request."""
 
-    def __init__(self, service: Service, queue: Queue, correlation_id: str) -> None:
-        self.service = service
-        self.queue = queue
-        self.correlation_id = correlation_id
+    def __init__(
+        self,
+        backend: LocalServiceBackend,
+        delivery: Delivery,
+        queue: Queue,
+        correlation_id: str,
+    ) -> None:
+        self._backend = backend
+        self._delivery = delivery
+        self._queue = queue
+        self._correlation_id = correlation_id
 
-    async def send(self, kind: str, value: Any, seq: int | None = None) -> None:
-        headers = {CORRELATION_ID: self.correlation_id, REPLY_KIND: kind}
+    async def value(self, value: Any) -> None:
+        await self._send("value", value)
+
+    async def stream(self, items: AsyncIterator[Any]) -> None:
+        try:
+            seq = 0
+            async for item in items:
+                await self._send("chunk", item, seq)
+                seq += 1
+            await self._send("end", b"", seq)
+        finally:
+            # Cut short (requester gone, Redis down): run the generator's cleanup now.
+            aclose = getattr(items, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    async def error(self, error_type: str, message: str) -> None:
+        await self._send("error", {"type": error_type, "message": message})
+
+    async def finish(self, replied: bool) -> None:
+        if replied:
+            await self._delivery.ack()
+        # Else not acked: redelivered after the visibility timeout.
+
+    async def give_back(self) -> None:
+        await self._delivery.nack()
+
+    async def _send(self, kind: str, value: Any, seq: int | None = None) -> None:
+        headers = {CORRELATION_ID: self._correlation_id, REPLY_KIND: kind}
         if seq is not None:
             headers[SEQ] = str(seq)
         # Encoded here so that a value the handler should not have returned is told
         # apart from a failure to push (InvalidMessageError is a BusError too).
-        message = encode(value, headers, self.service._bus.settings.max_message_bytes)
+        message = encode(value, headers, self._backend.max_message_bytes)
         try:
             # A push, unlike an attach, never creates the queue: a requester that is gone
             # stays gone.
-            await self.queue.push_encoded([message])
+            await self._queue.push_encoded([message])
         except QueueNotFoundError:
-            self.service._reply_queues.pop(self.queue.name, None)
-            raise _RequesterGone from None
+            self._backend.forget_reply_queue(self._queue.name)
+            raise NotAwaited from None
         except BusError as exc:
-            raise _ReplyFailed from exc
+            raise ReplyFailed(exc) from exc
 
 
 class _Pending:
@@ -572,11 +456,3 @@ class _Pending:
         if isinstance(item, BaseException):
             raise item
         return item
-
-
-def request_timeout(default: float, timeout: float | None) -> float:
-    """A request's time limit: ``timeout``, else the service's ``default``."""
-    limit = default if timeout is None else timeout
-    if limit <= 0:
-        raise ValueError(f"timeout must be positive, got {limit!r}")
-    return limit

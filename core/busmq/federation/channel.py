@@ -81,7 +81,7 @@ from .queue import checked_request_id, push_or_queue
 from .streams import StreamBroken, first_response, read
 
 if TYPE_CHECKING:
-    from .manager import FederationManager
+    from .context import FederationContext
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ class FederatedChannel(ChannelEnd):
     nothing to resume.
     """
 
-    def __init__(self, manager: FederationManager, link: Link, channel: Channel) -> None:
+    def __init__(self, manager: FederationContext, link: Link, channel: Channel) -> None:
         super().__init__(channel.name, channel.local, channel.remote, channel.ttl)
         self.link = link
         self.reconnects = 0
@@ -177,7 +177,7 @@ class FederatedChannel(ChannelEnd):
             self._inbox = Inbox(prefetch)
             self._leaving = False
             self._state = ChannelState.CONNECTED
-            self._manager._attached(self, self._outbound_queue, True)
+            self._manager.note_attached(self, self._outbound_queue, True)
             self._emit("connected", role=self.role, mode=mode.value)
             self._reader = asyncio.create_task(
                 self._read_loop(call), name=f"busmq-federated-channel {self.name}:{self.role}"
@@ -480,7 +480,7 @@ class FederatedChannel(ChannelEnd):
         self._connection_id = None
         self._live.set()  # wakes reattach(), which then sees the end is over
         self.remote_connected = False
-        self._manager._attached(self, self._outbound_queue, False)
+        self._manager.note_attached(self, self._outbound_queue, False)
         self._inbox.close()
 
     async def reattach(self) -> bool:

@@ -23,6 +23,7 @@ from ..events import Event
 from ..persistable import Persistable
 from ..queue import Queue
 from ..service import Service
+from .context import Reattachable
 from .forwarder import Forwarder
 from .link import Link, LinkState
 from .outbox import DeadLetter, Outbox
@@ -50,13 +51,6 @@ class FederatedObject(Protocol):
 
     async def _stop_local(self) -> None:
         """Stop this process's tasks for the object (no remote call)."""
-
-
-class Reattachable(Protocol):
-    link: Link
-
-    async def reattach(self) -> bool:
-        """Attach the remote queue again; whether it is attached now."""
 
 
 log = logging.getLogger(__name__)
@@ -248,7 +242,7 @@ class FederationManager:
         """Route the events of ``obj.link`` to ``obj`` and shut it down with the bus."""
         self._objects.add(obj)
 
-    def _attached(self, holder: Reattachable, queue: str, attached: bool) -> None:
+    def note_attached(self, holder: Reattachable, queue: str, attached: bool) -> None:
         """Record whether ``holder`` holds an attachment to remote ``queue``."""
         key = (holder.link.url, queue)
         handles = self._attachments.setdefault(key, [])

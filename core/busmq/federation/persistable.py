@@ -20,15 +20,16 @@ from ..v1 import persistable_service_pb2 as pb
 from ..v1 import persistable_service_pb2_grpc as pb_grpc
 from .convert import seconds
 from .errors import error_reason, from_rpc_error
-from .link import Link, LinkState
+from .link import Link
+from .linked import Linked
 
 if TYPE_CHECKING:
-    from .manager import FederationManager
+    from .context import FederationContext
 
 PERSISTABLE_NOT_FOUND = "PERSISTABLE_NOT_FOUND"
 
 
-class FederatedPersistable(PersistableBase):
+class FederatedPersistable(PersistableBase, Linked):
     """A persistable in another datacenter, used through its gateway.
 
     Same API and events as :class:`busmq.Persistable`: mapping access to the tracked
@@ -63,7 +64,7 @@ class FederatedPersistable(PersistableBase):
             are the defaults here) and ttl. Nothing of it is used locally.
     """
 
-    def __init__(self, manager: FederationManager, link: Link, persistable: Persistable) -> None:
+    def __init__(self, manager: FederationContext, link: Link, persistable: Persistable) -> None:
         fields = dict(persistable)
         store = GatewayStore(link, persistable.name, next(iter(fields)))
         super().__init__(persistable.name, fields, ttl=persistable.ttl, store=store)
@@ -72,15 +73,6 @@ class FederatedPersistable(PersistableBase):
     # The manager tracks federated objects in a weak set, so they hash by identity;
     # equality stays the mapping's (equal values), as for a local persistable.
     __hash__ = object.__hash__
-
-    @property
-    def target(self) -> str:
-        return self.link.url
-
-    @property
-    def state(self) -> LinkState:
-        """The link's state (``ready``, ``disconnected``, ...)."""
-        return self.link.state
 
     def _on_link_event(self, event: Event) -> None:
         if "queue" in event.details:

@@ -25,15 +25,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 
 from ..v1 import queue_service_pb2 as pb
+from .calls import LinkCalls
 from .errors import UNAUTHORIZED, AmbiguousPush
-
-if TYPE_CHECKING:
-    from .link import Link
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +49,7 @@ CallError = Callable[[pb.PushRequest, grpc.aio.AioRpcError], Exception]
 class _Stream:
     """One open ``PushStream`` call and what waits on it."""
 
-    def __init__(self, link: Link) -> None:
+    def __init__(self, link: LinkCalls) -> None:
         self.url = link.current_url
         self.call: Any = link.stub().PushStream(metadata=link.metadata)
         self.sequence = 0
@@ -85,7 +83,7 @@ class StreamedPushes:
     """The link's ``PushStream`` (see the module docstring). ``available`` is False
     after the gateway answered ``UNIMPLEMENTED``, until :meth:`retry`."""
 
-    def __init__(self, link: Link, status_error: StatusError, call_error: CallError) -> None:
+    def __init__(self, link: LinkCalls, status_error: StatusError, call_error: CallError) -> None:
         self.available = True
         self._link = link
         self._status_error = status_error

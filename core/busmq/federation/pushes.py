@@ -37,17 +37,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 
 from ..errors import BusError
 from ..v1 import queue_service_pb2 as pb
+from .calls import LinkCalls
 from .errors import AMBIGUOUS, AmbiguousPush, from_rpc_error, from_status, status_code
 from .push_stream import StreamedPushes, StreamUnsupported, settle
-
-if TYPE_CHECKING:
-    from .link import Link
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +82,7 @@ class PushCoalescer:
             gateway answered ``UNIMPLEMENTED``).
     """
 
-    def __init__(self, link: Link) -> None:
+    def __init__(self, link: LinkCalls) -> None:
         self.max_in_flight = CALLS_PER_CHANNEL * link.target.pool_size
         self.push_many = True
         self._link = link

@@ -46,15 +46,16 @@ from ..events import Event
 from ..keys import validate_name
 from ..message import Delivery, EncodedMessage, encode_item
 from ..pushing import Item, PushOptions, PushResult
-from ..queue_api import Owner, QueueAPI, Retention
+from ..queue_api import AttachOptions, Owner, QueueAPI
 from ..v1 import queue_service_pb2 as pb
 from .consume_stream import RemoteReader
 from .convert import duration, outgoing, seconds
 from .errors import AmbiguousPush, RemoteError, error_reason, from_rpc_error
 from .link import Link, LinkState
+from .linked import Linked
 
 if TYPE_CHECKING:
-    from .manager import FederationManager
+    from .context import FederationContext
 
 log = logging.getLogger(__name__)
 Headers = Mapping[str, str]
@@ -77,7 +78,7 @@ class ConsumerLag:
     last_delivered_id: int | None
 
 
-class FederatedQueue(QueueAPI[None, Consumer]):
+class FederatedQueue(QueueAPI[None, Consumer], Linked):
     """A queue in another datacenter, used through its gateway (see the module docstring):
     the queue API of :class:`busmq.Queue` over :class:`RemoteQueueBackend`.
 
@@ -89,7 +90,7 @@ class FederatedQueue(QueueAPI[None, Consumer]):
         consumed: messages this client's consumers handed out.
     """
 
-    def __init__(self, manager: FederationManager, link: Link, name: str) -> None:
+    def __init__(self, manager: FederationContext, link: Link, name: str) -> None:
         super().__init__(validate_name(name))
         self.link = link
         self._manager = manager
@@ -97,15 +98,6 @@ class FederatedQueue(QueueAPI[None, Consumer]):
 
     def __repr__(self) -> str:
         return f"<FederatedQueue {self.name!r} via {self.link.url} attached={self.attached}>"
-
-    @property
-    def target(self) -> str:
-        return self.link.url
-
-    @property
-    def state(self) -> LinkState:
-        """The link's state (``ready``, ``disconnected``, ...)."""
-        return self.link.state
 
     @property
     def outbox_depth(self) -> int:
@@ -159,7 +151,7 @@ class RemoteQueueBackend:
     """A queue behind a gateway: unary calls on the link, pushes through the link's push
     stream or the outbox, a lease renewed by a task of its own."""
 
-    def __init__(self, queue: FederatedQueue, manager: FederationManager, link: Link) -> None:
+    def __init__(self, queue: FederatedQueue, manager: FederationContext, link: Link) -> None:
         self._queue = Owner(queue)
         self.name = queue.name
         self._manager = manager
@@ -181,15 +173,10 @@ class RemoteQueueBackend:
 
     # -- attachment -----------------------------------------------------------------
 
-    async def attach(
-        self,
-        ttl: float | None,
-        retention: Retention | None,
-        max_backlog: int | None,
-        auto_renew: bool,
-    ) -> bool:
+    async def attach(self, options: AttachOptions) -> bool:
         """``max_backlog=0`` removes the limit (``AttachQueueRequest.remove_max_backlog``;
         a gateway older than that field ignores it and keeps the limit)."""
+        ttl, retention, max_backlog = options.ttl, options.retention, options.max_backlog
         request = pb.AttachQueueRequest(
             queue=self.name, max_backlog=max_backlog or 0, remove_max_backlog=max_backlog == 0
         )
@@ -200,7 +187,7 @@ class RemoteQueueBackend:
             if retention.max_age:
                 request.max_age.CopyFrom(duration(retention.max_age))
         created = await self._attach(request)
-        if auto_renew:
+        if options.auto_renew:
             self._renewer = asyncio.create_task(
                 self._renew_loop(), name=f"busmq-federated-renewal {self.name}"
             )
@@ -211,13 +198,13 @@ class RemoteQueueBackend:
         self._attachment = str(response.attachment_id)
         self._attach_request = request
         self._lease = seconds(response.lease_duration) or 15.0
-        self._manager._attached(self._queue(), self.name, True)
+        self._manager.note_attached(self._queue(), self.name, True)
         return bool(response.created)
 
     async def release(self) -> None:
         await self.stop_renewer()
         attachment, self._attachment = self._attachment, None
-        self._manager._attached(self._queue(), self.name, False)
+        self._manager.note_attached(self._queue(), self.name, False)
         if attachment is None:
             return
         try:
@@ -232,7 +219,7 @@ class RemoteQueueBackend:
 
     def forget(self) -> None:
         self._attachment = None
-        self._manager._attached(self._queue(), self.name, False)
+        self._manager.note_attached(self._queue(), self.name, False)
 
     async def renew(self) -> bool:
         assert self._attachment is not None
@@ -414,7 +401,7 @@ def checked_request_id(request_id: str | None) -> str:
 
 
 async def push_or_queue(
-    manager: FederationManager, link: Link, request: pb.PushRequest, count: int
+    manager: FederationContext, link: Link, request: pb.PushRequest, count: int
 ) -> pb.PushResponse | None:
     """Push ``request`` (``count`` messages) through the link, or keep it in the outbox.
 

@@ -14,6 +14,7 @@ from typing import Any
 import grpc
 
 from ..errors import BusError, InvalidMessageError
+from ..service_api import NotAwaited, ReplyFailed
 from ..v1 import request_service_pb2 as pb
 from .convert import value_to_payload
 from .errors import error_reason
@@ -26,21 +27,12 @@ _MAX_CHUNK_BYTES = 1024 * 1024  # a soft bound: one item alone may be larger
 IN_TRANSIT = RESUMABLE  # includes refused credentials: the link re-probes
 
 
-class NotAwaited(Exception):
-    """The gateway no longer awaits a reply to the request (its stream ended, or the
-    requester gave up): the request was given back or is moot."""
-
-
-class ReplyFailed(Exception):
-    """A Reply did not get through, although its request may still be awaited."""
-
-    def __init__(self, error: BusError) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
 class Reply:
-    """Sends the ``Reply`` calls answering one served request."""
+    """Sends the ``Reply`` calls answering one served request (a
+    :class:`~busmq.service_api.ReplySink`). ``NotAwaited`` means the gateway no longer
+    awaits the reply: its stream ended (the request was given back) or the requester
+    gave up. A reply that failed in transit calls ``on_failed``, which reopens the
+    stream so that the gateway gives the request back."""
 
     def __init__(
         self,
@@ -48,11 +40,23 @@ class Reply:
         stub: Callable[[], Any],
         mapped: Callable[[grpc.aio.AioRpcError], BusError],
         request_id: str,
+        on_failed: Callable[[], None],
     ) -> None:
         self.link = link
         self.request_id = request_id
         self._stub = stub
         self._mapped = mapped
+        self._on_failed = on_failed
+
+    async def stream(self, items: AsyncIterator[Any]) -> None:
+        await send_stream(items, self)
+
+    async def finish(self, replied: bool) -> None:
+        if not replied:
+            self._on_failed()
+
+    async def give_back(self) -> None:
+        pass  # the gateway gives it back when the stream closes
 
     async def value(self, value: Any) -> None:
         payload, kind = value_to_payload(value)

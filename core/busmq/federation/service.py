@@ -44,22 +44,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from ..errors import (
-    BusClosedError,
-    BusError,
-    BusUnavailableError,
-    RequestTimeoutError,
-    ServiceError,
-)
-from ..events import Event, EventHub
-from ..message import Payload, check_headers, encode
-from ..service import Handler, Request, Service, request_timeout
+from ..errors import BusClosedError, BusError, BusUnavailableError, RequestTimeoutError
+from ..events import Event
+from ..message import Payload, encode
+from ..service import Service
+from ..service_api import Request, ServeRun, ServiceAPI
 from ..v1 import request_service_pb2 as pb
 from ..v1 import request_service_pb2_grpc as pb_grpc
 from ..v1 import types_pb2
@@ -67,11 +63,12 @@ from .backoff import Backoff
 from .convert import duration, message_from_proto, outgoing, payload_value
 from .errors import FederationUnauthorizedError, error_reason, from_rpc_error
 from .link import Link, LinkState
-from .replies import NotAwaited, Reply, ReplyFailed, send_stream
+from .linked import Linked
+from .replies import Reply
 from .streams import StreamBroken, first_response, read
 
 if TYPE_CHECKING:
-    from .manager import FederationManager
+    from .context import FederationContext
 
 log = logging.getLogger(__name__)
 
@@ -80,31 +77,10 @@ DEADLINE_MARGIN = 1.0
 timeout (with its typed ``REQUEST_TIMEOUT``) normally ends the call first."""
 
 
-class _Run:
-    """One ``serve()``: its handler and options, stop and restart signals, and the
-    handler tasks (they outlive the streams they came from)."""
-
-    def __init__(self, handler: Handler, concurrency: int, visibility_timeout: float) -> None:
-        self.handler = handler
-        self.concurrency = concurrency
-        self.visibility_timeout = visibility_timeout
-        self.slots = asyncio.Semaphore(concurrency)
-        self.running: set[asyncio.Task[None]] = set()
-        self.stopping = asyncio.Event()
-        self.restart = asyncio.Event()
-        self.generation = 0  # the current stream (one more at every reopen)
-        self.killed = False
-        self.task: asyncio.Task[None] | None = None
-        self.done = asyncio.Event()
-
-    def restart_if_current(self, generation: int) -> None:
-        if generation == self.generation:
-            self.restart.set()
-
-
-class FederatedService:
-    """A service behind a remote gateway, with the API and events of
-    :class:`busmq.Service`; see the module docstring.
+class FederatedService(ServiceAPI, Linked):
+    """A service behind a remote gateway: the API and events of
+    :class:`busmq.Service` (one :class:`~busmq.service_api.ServiceAPI`) over
+    :class:`RemoteServiceBackend`; see the module docstring.
 
     Attributes:
         name: the service name.
@@ -113,58 +89,88 @@ class FederatedService:
         link: the :class:`~busmq.federation.Link` to the gateway.
     """
 
-    def __init__(self, manager: FederationManager, link: Link, service: Service) -> None:
-        self.name = service.name
-        self.timeout = service.timeout
+    def __init__(self, manager: FederationContext, link: Link, service: Service) -> None:
+        super().__init__(service.name, service.timeout)
         self.link = link
-        self.events: EventHub[Event] = EventHub()
-        self._manager = manager
-        self._closed = False
-        self._runs: set[_Run] = set()
-        self._calls: set[Any] = set()  # requests in flight (gRPC calls)
-        self._link_changed = asyncio.Event()  # replaced at every link state change
+        self._backend = self._remote = RemoteServiceBackend(self, manager, link)
 
     def __repr__(self) -> str:
         return (
             f"<FederatedService {self.name!r} via {self.link.url} "
-            f"pending={len(self._calls)} serving={len(self._runs)}>"
+            f"pending={self._remote.pending} serving={len(self._runs)}>"
         )
 
-    @property
-    def target(self) -> str:
-        return self.link.url
+    def _on_link_event(self, event: Event) -> None:
+        if "queue" in event.details:
+            return  # about one federated queue (e.g. its outbox rows)
+        if event.kind == "state":
+            self._remote.link_changed()
+        self.events.emit(event)
+
+    async def _release(self) -> None:
+        """The manager closes: stop serving (finishing the requests in hand)."""
+        self.stop_serving()
+        await asyncio.gather(*(run.done.wait() for run in tuple(self._runs)))
+
+    async def _stop_local(self) -> None:
+        self._closed = True
+        self._remote.kill()
+        await asyncio.gather(*(run.done.wait() for run in tuple(self._runs)))
+        await self._remote.close()
+
+
+class _Serving:
+    """The remote side of one ``serve()``: its task, the current stream (one more at
+    every reopen) and the signal to reopen it."""
+
+    def __init__(self, run: ServeRun) -> None:
+        self.run = run
+        self.restart = asyncio.Event()
+        self.generation = 0
+        self.killed = False
+        self.task: asyncio.Task[None] | None = None
+
+    def restart_if_current(self, generation: int) -> None:
+        if generation == self.generation:
+            self.restart.set()
+
+
+class RemoteServiceBackend:
+    """A service's requests through a gateway's ``busmq.v1.RequestService``."""
+
+    def __init__(self, service: FederatedService, manager: FederationContext, link: Link) -> None:
+        self.name = service.name
+        self.link = link
+        self._events = service.events
+        self._manager = manager
+        self._closed = False
+        self._serving: set[_Serving] = set()
+        self._calls: set[Any] = set()  # requests in flight (gRPC calls)
+        self._link_changed = asyncio.Event()  # replaced at every link state change
 
     @property
-    def state(self) -> LinkState:
-        """The link's state (``ready``, ``disconnected``, ...)."""
-        return self.link.state
+    def pending(self) -> int:
+        return len(self._calls)
+
+    def require_open(self) -> None:
+        if self._manager.closed:
+            raise BusClosedError("federation is closed")
+
+    def link_changed(self) -> None:
+        changed, self._link_changed = self._link_changed, asyncio.Event()
+        changed.set()
 
     # -- requesting ----------------------------------------------------------------------
 
     async def request(
-        self,
-        payload: Payload,
-        *,
-        headers: Mapping[str, str] | None = None,
-        timeout: float | None = None,
+        self, payload: Payload, headers: Mapping[str, str] | None, limit: float
     ) -> Any:
-        """Send a request and return the reply, as :meth:`busmq.Service.request` (a
-        streamed reply comes as the list of its items; items that are bytes need
-        :meth:`request_stream`).
-
-        Raises:
-            RequestTimeoutError: no complete reply within ``timeout`` seconds.
-            ServiceError: the handler raised.
-            BusUnavailableError: the link is not usable, or the call was cut.
-            FederationUnauthorizedError: the gateway refuses the credentials.
-            InvalidMessageError: the payload or headers cannot be sent.
-        """
-        limit = request_timeout(self.timeout, timeout)
         message = self._outgoing(payload, headers)
         await self._ready()
-        link = self.link
         request = pb.CallRequest(service=self.name, request=message, timeout=duration(limit))
-        call = self._stub().Call(request, metadata=link.metadata, timeout=limit + DEADLINE_MARGIN)
+        call = self._stub().Call(
+            request, metadata=self.link.metadata, timeout=limit + DEADLINE_MARGIN
+        )
         with self._tracked(call):
             try:
                 response = await call
@@ -173,22 +179,8 @@ class FederatedService:
         return payload_value(response.reply.payload, response.reply.kind)
 
     async def request_stream(
-        self,
-        payload: Payload,
-        *,
-        headers: Mapping[str, str] | None = None,
-        timeout: float | None = None,
+        self, payload: Payload, headers: Mapping[str, str] | None, limit: float
     ) -> AsyncIterator[Any]:
-        """Send a request and yield the handler's items in order until its end, as
-        :meth:`busmq.Service.request_stream` (``timeout`` bounds the wait for each item).
-
-        Raises:
-            RequestTimeoutError: an item did not come within ``timeout`` seconds.
-            ServiceError: the handler raised (after the items it produced).
-            BusUnavailableError: the link is not usable, or the stream was cut (or the
-                gateway shut down) before the end of the reply.
-        """
-        limit = request_timeout(self.timeout, timeout)
         message = self._outgoing(payload, headers)
         await self._ready()
         request = pb.CallStreamRequest(service=self.name, request=message, timeout=duration(limit))
@@ -237,8 +229,6 @@ class FederatedService:
         self, payload: Payload, headers: Mapping[str, str] | None
     ) -> types_pb2.OutgoingMessage:
         """The request as sent, refused here (as the local service does) if it cannot be."""
-        self._require_open()
-        check_headers(headers)
         encoded = encode(payload, headers, self._manager.bus.settings.max_message_bytes)
         return types_pb2.OutgoingMessage(**outgoing([encoded])[0])
 
@@ -272,51 +262,36 @@ class FederatedService:
 
     # -- serving -----------------------------------------------------------------------
 
-    async def serve(
-        self,
-        handler: Handler,
-        *,
-        concurrency: int = 16,
-        visibility_timeout: float = 30.0,
-    ) -> None:
-        """Handle requests until :meth:`stop_serving` or :meth:`close` (or cancellation),
-        as :meth:`busmq.Service.serve`, across link breaks (see the module docstring).
-
-        ``concurrency`` is also the number of requests the gateway hands over at once
-        (at most its ``max_prefetch``); ``visibility_timeout`` is how long one may stay
-        unanswered before it is redelivered to another handler.
-
-        Raises:
-            FederationUnauthorizedError: the gateway refuses the credentials.
-            InvalidRequestError: the gateway refused an argument (e.g. concurrency).
-            BusClosedError: the link was closed while serving.
-        """
-        if concurrency < 1:
-            raise ValueError(f"concurrency must be at least 1, got {concurrency}")
-        if visibility_timeout <= 0:
-            raise ValueError(f"visibility_timeout must be positive, got {visibility_timeout!r}")
-        self._require_open()
-        run = _Run(handler, concurrency, visibility_timeout)
-        self._runs.add(run)
-        run.task = asyncio.create_task(self._serve(run), name=f"busmq-federated-serve {self.name}")
+    async def serve(self, run: ServeRun) -> None:
+        """Hold a Serve stream, reopened after breaks, until ``run`` stops (see the
+        module docstring). ``concurrency`` is also the number of requests the gateway
+        hands over at once (at most its ``max_prefetch``)."""
+        serving = _Serving(run)
+        self._serving.add(serving)
+        serving.task = asyncio.create_task(
+            self._serve(serving), name=f"busmq-federated-serve {self.name}"
+        )
         try:
-            await run.task
+            await serving.task
         except asyncio.CancelledError:
             task = asyncio.current_task()
-            if run.killed and (task is None or not task.cancelling()):
+            if serving.killed and (task is None or not task.cancelling()):
                 return  # the bus closed
             raise
         finally:
-            self._runs.discard(run)
-            run.done.set()
-            self.events.emit(Event("stopped", self.name))
+            self._serving.discard(serving)
 
-    def stop_serving(self) -> None:
-        """Make every ``serve()`` of this object finish the requests it has and return."""
-        for run in self._runs:
-            run.stopping.set()
+    def kill(self) -> None:
+        """The bus closes: end every ``serve()`` now."""
+        self._closed = True
+        for serving in tuple(self._serving):
+            serving.killed = True
+            serving.run.stop()
+            if serving.task is not None:
+                serving.task.cancel()
 
-    async def _serve(self, run: _Run) -> None:
+    async def _serve(self, serving: _Serving) -> None:
+        run = serving.run
         settings = self.link.settings
         backoff = Backoff(settings.reconnect_backoff_initial, settings.reconnect_backoff_max)
         resumed = False
@@ -330,19 +305,19 @@ class FederatedService:
                 details: dict[str, Any] = {"concurrency": concurrency}
                 if resumed:
                     details["resumed"] = True
-                self.events.emit(Event("serving", self.name, details=details))
-                if await self._session(run, call):
+                self._events.emit(Event("serving", self.name, details=details))
+                if await self._session(serving, call):
                     break
                 resumed = True
                 await _wait_any(run.stopping, timeout=backoff.next())
             # Stopped between streams: finish what the broken ones left running.
-            await asyncio.gather(*run.running, return_exceptions=True)
+            await run.finish_running()
         finally:
-            for task in run.running:
-                task.cancel()
-            await asyncio.gather(*run.running, return_exceptions=True)
+            await run.cancel_running()
 
-    async def _connect(self, run: _Run, backoff: Backoff, *, first: bool) -> tuple[Any, int] | None:
+    async def _connect(
+        self, run: ServeRun, backoff: Backoff, *, first: bool
+    ) -> tuple[Any, int] | None:
         """Open a Serve stream once the link is usable; None if stopped meanwhile.
 
         Refused credentials end the first opening; after a break they are waited out
@@ -367,7 +342,7 @@ class FederatedService:
                 await _wait_any(run.stopping, timeout=backoff.next())
         return None
 
-    async def _open(self, run: _Run) -> tuple[Any, int]:
+    async def _open(self, run: ServeRun) -> tuple[Any, int]:
         """Open a stream and wait for its ``started`` event; the call and the effective
         concurrency. Raises the mapped error for refusals, :class:`StreamBroken` otherwise."""
         link = self.link
@@ -381,20 +356,22 @@ class FederatedService:
         started = first.WhichOneof("event") == "started"
         return call, int(first.started.concurrency) if started else run.concurrency
 
-    async def _session(self, run: _Run, call: Any) -> bool:
+    async def _session(self, serving: _Serving, call: Any) -> bool:
         """Take requests from one stream until it breaks (False) or serving stops (True:
         the requests in hand were answered while the stream stood, to take the replies)."""
-        run.generation += 1
-        run.restart.clear()
+        run = serving.run
+        serving.generation += 1
+        serving.restart.clear()
         reader = asyncio.create_task(
-            self._pump(run, call, run.generation), name=f"busmq-federated-serve-read {self.name}"
+            self._pump(serving, call, serving.generation),
+            name=f"busmq-federated-serve-read {self.name}",
         )
         stop = asyncio.ensure_future(run.stopping.wait())
-        restart = asyncio.ensure_future(run.restart.wait())
+        restart = asyncio.ensure_future(serving.restart.wait())
         try:
             await asyncio.wait({reader, stop, restart}, return_when=asyncio.FIRST_COMPLETED)
             if run.stopping.is_set():
-                await asyncio.gather(*run.running, return_exceptions=True)
+                await run.finish_running()
                 return True
             if reader.done() and not reader.cancelled():
                 error = reader.exception()
@@ -411,131 +388,45 @@ class FederatedService:
             call.cancel()  # the gateway gives back the requests still unanswered
             await asyncio.gather(reader, return_exceptions=True)
 
-    async def _pump(self, run: _Run, call: Any, generation: int) -> None:
-        """Start a handler task per request; raises when the stream ends."""
+    async def _pump(self, serving: _Serving, call: Any, generation: int) -> None:
+        """Hand each request to the run; raises when the stream ends."""
+        run = serving.run
         while True:
             response = await read(call, self.link, self._error)
             if response is grpc.aio.EOF:
                 # The gateway ended it (draining): reopening finds another one.
                 raise StreamBroken(
-                    BusUnavailableError("the gateway ended the Serve stream", self.target)
+                    BusUnavailableError("the gateway ended the Serve stream", self.link.url)
                 )
             event = response.WhichOneof("event")
             if event == "request":
                 if run.stopping.is_set():
                     continue  # given back when the stream closes
-                await run.slots.acquire()
-                if run.stopping.is_set():
-                    run.slots.release()
-                    continue
-                task = asyncio.create_task(self._handle(run, response.request, generation))
-                run.running.add(task)
-                task.add_done_callback(run.running.discard)
+                served = response.request
+                request = Request(message_from_proto(served.message), served.delivery_count or 1)
+                reply = Reply(
+                    self.link,
+                    self._stub,
+                    self._error,
+                    served.request_id,
+                    on_failed=functools.partial(serving.restart_if_current, generation),
+                )
+                await run.dispatch(request, reply, unless_stopping=True)
             elif event == "state":
                 log.info("service %s: the gateway is %s", self.name, response.state.kind)
 
-    async def _handle(self, run: _Run, served: pb.ServedRequest, generation: int) -> None:
-        try:
-            request = Request(message_from_proto(served.message), served.delivery_count or 1)
-            try:
-                await self._answer(
-                    run.handler,
-                    request,
-                    Reply(self.link, self._stub, self._error, served.request_id),
-                )
-            except ReplyFailed as failed:
-                log.warning("service %s: could not reply: %s", self.name, failed.error)
-                self.events.emit(Event("error", self.name, error=failed.error))
-                run.restart_if_current(generation)
-        finally:
-            run.slots.release()
-
-    async def _answer(self, handler: Handler, request: Request, reply: Reply) -> None:
-        """Run the handler and send its reply; raises :class:`ReplyFailed` if a reply
-        did not get through."""
-        try:
-            result = handler(request)
-            if not isinstance(result, AsyncIterator):
-                result = await result  # a coroutine may return an async iterator: streamed
-            if isinstance(result, AsyncIterator):
-                await send_stream(result, reply)
-            else:
-                await reply.value(result)
-        except NotAwaited:
-            log.debug("service %s: a reply is no longer awaited; dropped", self.name)
-        except ReplyFailed:
-            raise
-        except Exception as exc:
-            log.info("service %s: handler raised %r", self.name, exc)
-            await self._send_error(reply, exc)
-
-    async def _send_error(self, reply: Reply, exc: Exception) -> None:
-        # A handler that passes on a ServiceError (a proxy of another service) passes on
-        # the original error's type and message, as the core does.
-        if isinstance(exc, ServiceError):
-            error_type, detail = exc.error_type, exc.detail
-        else:
-            error_type, detail = type(exc).__name__, str(exc)
-        try:
-            await reply.error(error_type, detail)
-        except NotAwaited:
-            log.debug("service %s: an error reply is no longer awaited; dropped", self.name)
-        except BusError as refused:
-            log.warning("service %s: the gateway refused an error reply: %s", self.name, refused)
-
     def _report(self, error: BusError) -> None:
         log.info("service %s: the Serve stream broke: %s", self.name, error)
-        self.events.emit(Event("error", self.name, error=error))
+        self._events.emit(Event("error", self.name, error=error))
 
     # -- lifecycle ---------------------------------------------------------------------
 
     async def close(self) -> None:
-        """Stop serving (finishing the requests in hand) and fail the requests still
-        waiting with :class:`BusClosedError`. The remote service is not affected."""
-        if self._closed:
-            return
+        """Fail the requests in flight with :class:`BusClosedError` (their calls are
+        cancelled). The remote service is not affected."""
         self._closed = True
-        await self._release()
-        self._cancel_calls()
-
-    async def __aenter__(self) -> FederatedService:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    def _require_open(self) -> None:
-        if self._closed:
-            raise BusClosedError(f"service {self.name!r} is closed")
-        if self._manager.closed:
-            raise BusClosedError("federation is closed")
-
-    def _cancel_calls(self) -> None:
         for call in tuple(self._calls):
             call.cancel()
-
-    async def _release(self) -> None:
-        self.stop_serving()
-        await asyncio.gather(*(run.done.wait() for run in tuple(self._runs)))
-
-    async def _stop_local(self) -> None:
-        self._closed = True
-        runs = tuple(self._runs)
-        for run in runs:
-            run.killed = True
-            run.stopping.set()
-            if run.task is not None:
-                run.task.cancel()
-        await asyncio.gather(*(run.done.wait() for run in runs))
-        self._cancel_calls()
-
-    def _on_link_event(self, event: Event) -> None:
-        if "queue" in event.details:
-            return  # about one federated queue (e.g. its outbox rows)
-        if event.kind == "state":
-            changed, self._link_changed = self._link_changed, asyncio.Event()
-            changed.set()
-        self.events.emit(event)
 
     # -- plumbing -------------------------------------------------------------------
 
