@@ -42,7 +42,6 @@ from .errors import (
     QueueNotFoundError,
 )
 from .events import Event
-from .inbox import Inbox
 from .keys import MAX_NAME_LENGTH, validate_name
 from .message import Delivery, EncodedMessage, Payload, check_headers
 from .pushing import PushResult
@@ -51,7 +50,7 @@ from .queue import Queue
 if TYPE_CHECKING:
     from .context import BusContext
 
-__all__ = ["Channel", "ChannelState"]
+__all__ = ["Channel", "ChannelEndedError", "ChannelState", "ChannelStateError"]
 
 log = logging.getLogger(__name__)
 
@@ -118,35 +117,29 @@ class Channel(ChannelEnd):
 
     # -- connecting -------------------------------------------------------------------
 
-    async def _open(self, listen: bool, options: EndOptions) -> None:
-        mode, handler, prefetch = options.mode, options.handler, options.prefetch
-        visibility_timeout, from_id = options.visibility_timeout, options.from_id
-        async with self._lock:
-            if self._state is ChannelState.ENDED:
-                raise ChannelEndedError(self.name)
-            if self._state is ChannelState.CONNECTED:
-                raise ChannelStateError(self.name, f"already connected as {self.role!r}")
-            self.role = role = self.remote if listen else self.local
-            inbound = Queue(self._bus, channel_queue_name(self.name, role))
-            outbound = Queue(self._bus, channel_queue_name(self.name, self.peer_role))
-            try:
-                await asyncio.gather(inbound.attach(ttl=self.ttl), outbound.attach(ttl=self.ttl))
-                consumer = inbound.consume(
-                    mode, prefetch=prefetch, visibility_timeout=visibility_timeout, from_id=from_id
-                )
-                await consumer.start()
-                await outbound.push(b"", headers={CONTROL_HEADER: "connect"})
-            except BaseException:
-                await asyncio.gather(inbound.detach(), outbound.detach(), return_exceptions=True)
-                raise
-            self._inbound, self._outbound, self._consumer = inbound, outbound, consumer
-            self._mode, self._handler = mode, handler
-            self._inbox = Inbox(prefetch)
-            self._state = ChannelState.CONNECTED
-            self._emit("connected", role=role, mode=mode.value)
-            self._pump = asyncio.create_task(
-                self._pump_loop(consumer), name=f"busmq-channel {self.name}:{role}"
+    async def _connect_end(self, listen: bool, options: EndOptions) -> None:
+        inbound = Queue(self._bus, channel_queue_name(self.name, self.role))
+        outbound = Queue(self._bus, channel_queue_name(self.name, self.peer_role))
+        try:
+            await asyncio.gather(inbound.attach(ttl=self.ttl), outbound.attach(ttl=self.ttl))
+            consumer = inbound.consume(
+                options.mode,
+                prefetch=options.prefetch,
+                visibility_timeout=options.visibility_timeout,
+                from_id=options.from_id,
             )
+            await consumer.start()
+            await outbound.push(b"", headers={CONTROL_HEADER: "connect"})
+        except BaseException:
+            await asyncio.gather(inbound.detach(), outbound.detach(), return_exceptions=True)
+            raise
+        self._inbound, self._outbound, self._consumer = inbound, outbound, consumer
+
+    def _start_receiving(self) -> None:
+        assert self._consumer is not None, "connected"
+        self._pump = asyncio.create_task(
+            self._pump_loop(self._consumer), name=f"busmq-channel {self.name}:{self.role}"
+        )
 
     # -- sending ----------------------------------------------------------------------
 
@@ -165,9 +158,7 @@ class Channel(ChannelEnd):
         try:
             return await self._outbound.push(message, headers=headers)
         except QueueNotFoundError:
-            # The peer's queue is gone: the peer ended the channel (its ``end`` is on
-            # its way to us) or the queue expired.
-            raise ChannelEndedError(self.name, "the peer's queue is gone (ended)") from None
+            raise self._peer_queue_gone() from None
 
     async def send_encoded(
         self, messages: Sequence[EncodedMessage], *, request_id: str | None = None
@@ -181,7 +172,7 @@ class Channel(ChannelEnd):
         try:
             return await self._outbound.push_encoded(messages, request_id=request_id)
         except QueueNotFoundError:
-            raise ChannelEndedError(self.name, "the peer's queue is gone (ended)") from None
+            raise self._peer_queue_gone() from None
 
     async def send_to(
         self, role: str, message: Payload, *, headers: Mapping[str, str] | None = None
@@ -200,15 +191,8 @@ class Channel(ChannelEnd):
 
     # -- receiving --------------------------------------------------------------------
 
-    async def ack(self, *ids: int) -> int:
-        """Acknowledge at-least-once deliveries by id; see :meth:`Queue.ack`.
-
-        After the channel ended this is a no-op (its queues are gone) returning 0.
-        """
-        if self._state is ChannelState.ENDED:
-            return 0
-        if self._inbound is None:
-            raise ChannelStateError(self.name, "never connected")
+    async def _ack(self, ids: list[int]) -> int:
+        assert self._inbound is not None, "connected once"
         return await self._inbound.ack(*ids)
 
     async def _pump_loop(self, consumer: Consumer) -> None:
@@ -311,12 +295,7 @@ class Channel(ChannelEnd):
                 await self._teardown()
         self._emit("ended", by="local")
 
-    async def _ended_by_peer(self) -> None:
-        # Runs in the pump task; ``end()`` and ``disconnect()`` stop the pump under the
-        # lock, so taking the lock here could deadlock: the state check suffices.
-        if self._state is not ChannelState.CONNECTED:
-            return
-        self._state = ChannelState.ENDED
+    async def _remove_end(self) -> None:
         self._pump = None
         # Both queues go: ours holds nothing more to read, the peer already left its own.
         for queue in (self._inbound, self._outbound):
@@ -326,7 +305,6 @@ class Channel(ChannelEnd):
                 except BusError as exc:
                     log.info("channel %s: could not delete %s: %s", self.name, queue.name, exc)
         await self._teardown()
-        self._emit("ended", by="remote")
 
     async def _stop_receiving(self, *, drain: bool, give_back: bool = True) -> None:
         pump, self._pump = self._pump, None

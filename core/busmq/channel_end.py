@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Self
 
 from .channel_protocol import ChannelState, Handler
-from .consuming import Mode
+from .consuming import Mode, check_consume_arguments
 from .errors import BusError, ChannelEndedError, ChannelStateError, InvalidNameError
 from .events import Event, EventHub
 from .inbox import Inbox
@@ -103,9 +103,38 @@ class ChannelEnd(abc.ABC):
         """Connect as the ``remote`` role (the roles swapped); see :meth:`connect`."""
         await self._open(True, EndOptions(mode, handler, prefetch, visibility_timeout, from_id))
 
-    @abc.abstractmethod
     async def _open(self, listen: bool, options: EndOptions) -> None:
-        """Connect as ``remote`` (``listen``) or ``local``; where the queues live."""
+        """Connect as ``remote`` (``listen``) or ``local``."""
+        check_consume_arguments(
+            options.mode,
+            max=None,
+            from_id=options.from_id,
+            prefetch=options.prefetch,
+            visibility_timeout=options.visibility_timeout,
+            max_deliveries=None,
+            retry_policy=None,
+        )
+        async with self._lock:
+            if self._state is ChannelState.ENDED:
+                raise ChannelEndedError(self.name)
+            if self._state is ChannelState.CONNECTED:
+                raise ChannelStateError(self.name, f"already connected as {self.role!r}")
+            self.role = self.remote if listen else self.local
+            self._mode, self._handler = options.mode, options.handler
+            await self._connect_end(listen, options)
+            self._inbox = Inbox(options.prefetch)
+            self._state = ChannelState.CONNECTED
+            self._emit("connected", role=self.role, mode=options.mode.value)
+            self._start_receiving()
+
+    @abc.abstractmethod
+    async def _connect_end(self, listen: bool, options: EndOptions) -> None:
+        """Make this end known where the queues live (the peer is told); raises and
+        leaves nothing behind if it cannot."""
+
+    @abc.abstractmethod
+    def _start_receiving(self) -> None:
+        """Start the task that moves deliveries and the peer's signals into this end."""
 
     @abc.abstractmethod
     async def disconnect(self, *, release_unacked: bool = False) -> None:
@@ -118,6 +147,20 @@ class ChannelEnd(abc.ABC):
         await self.disconnect()
 
     # -- receiving --------------------------------------------------------------------
+
+    async def ack(self, *ids: int) -> int:
+        """Acknowledge at-least-once deliveries by id; raises
+        :class:`UnknownMessageError` for ids that were not pending. After the channel
+        ended this is a no-op (its queues are gone) returning 0."""
+        if self._state is ChannelState.ENDED:
+            return 0
+        if self._state is ChannelState.IDLE:
+            raise ChannelStateError(self.name, "never connected")
+        return await self._ack(list(ids))
+
+    @abc.abstractmethod
+    async def _ack(self, ids: list[int]) -> int:
+        """Acknowledge in this end's queue; how many."""
 
     def __aiter__(self) -> AsyncIterator[Delivery]:
         return self
@@ -156,6 +199,20 @@ class ChannelEnd(abc.ABC):
             log.info("channel %s: could not settle #%d: %s", self.name, delivery.id, exc)
             self.events.emit(Event("error", self.name, error=exc))
 
+    async def _ended_by_peer(self) -> None:
+        # Runs in the receiving task; ``end()`` and ``disconnect()`` stop that task
+        # under the lock, so taking the lock here could deadlock: the state check
+        # suffices.
+        if self._state is not ChannelState.CONNECTED:
+            return
+        self._state = ChannelState.ENDED
+        await self._remove_end()
+        self._emit("ended", by="remote")
+
+    @abc.abstractmethod
+    async def _remove_end(self) -> None:
+        """The peer ended the channel: stop receiving and let go of its queues."""
+
     def _peer_signal(self, connected: bool) -> None:
         """The peer connected or disconnected."""
         self.remote_connected = connected
@@ -168,6 +225,11 @@ class ChannelEnd(abc.ABC):
             raise InvalidNameError(role, f"not a role of channel {self.name!r}")
         if self._state is ChannelState.ENDED:
             raise ChannelEndedError(self.name)
+
+    def _peer_queue_gone(self) -> ChannelEndedError:
+        """A send found the peer's queue gone: the peer ended the channel (its ``end``
+        is on its way to this end) or the queue expired."""
+        return ChannelEndedError(self.name, "the peer's queue is gone (ended)")
 
     def _require_connected(self) -> None:
         if self._state is ChannelState.ENDED:

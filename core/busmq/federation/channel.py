@@ -62,7 +62,6 @@ from ..errors import (
     UnknownMessageError,
 )
 from ..events import Event
-from ..inbox import Inbox
 from ..message import EncodedMessage, Payload, check_headers, encode
 from ..pushing import PushResult
 from ..v1 import channel_service_pb2 as pb
@@ -114,6 +113,7 @@ class FederatedChannel(ChannelEnd):
         self._request: pb.ConnectChannelRequest | None = None
         self._connection_id: str | None = None
         self._reader: asyncio.Task[None] | None = None
+        self._opened: Any = None  # the stream opened by _connect_end, until it is read
         self._acks = AckBatcher(self.name, self._ack_ids)
         self._leaving = False
         self._live = asyncio.Event()  # a stream is open: the gateway knows this end
@@ -140,48 +140,38 @@ class FederatedChannel(ChannelEnd):
 
     # -- connecting -------------------------------------------------------------------
 
-    async def _open(self, listen: bool, options: EndOptions) -> None:
-        mode, handler, prefetch = options.mode, options.handler, options.prefetch
-        visibility_timeout, from_id = options.visibility_timeout, options.from_id
-        if prefetch < 1:
-            raise ValueError(f"prefetch must be at least 1, got {prefetch}")
-        if visibility_timeout <= 0:
-            raise ValueError("visibility_timeout must be positive")
-        if from_id < 0:
-            raise ValueError(f"from_id must not be negative, got {from_id}")
-        async with self._lock:
-            if self._state is ChannelState.ENDED:
-                raise ChannelEndedError(self.name)
-            if self._state is ChannelState.CONNECTED:
-                raise ChannelStateError(self.name, f"already connected as {self.role!r}")
-            await self._require_usable()
-            request = pb.ConnectChannelRequest(
-                channel=self.name,
-                local_role=self.local,
-                remote_role=self.remote,
-                listen=listen,
-                mode=MODE_TO_PROTO[mode],
-                from_id=from_id,
-                prefetch=prefetch,
-                visibility_timeout=duration(visibility_timeout),
-            )
-            if self.ttl is not None:
-                request.ttl.CopyFrom(duration(self.ttl))
-            self.role = self.remote if listen else self.local
-            self._mode, self._request, self._handler = mode, request, handler
-            self._next_replay_id = from_id
-            try:
-                call = await self._start_stream()
-            except StreamBroken as broken:
-                raise broken.error from None
-            self._inbox = Inbox(prefetch)
-            self._leaving = False
-            self._state = ChannelState.CONNECTED
-            self._manager.note_attached(self, self._outbound_queue, True)
-            self._emit("connected", role=self.role, mode=mode.value)
-            self._reader = asyncio.create_task(
-                self._read_loop(call), name=f"busmq-federated-channel {self.name}:{self.role}"
-            )
+    async def _connect_end(self, listen: bool, options: EndOptions) -> None:
+        if options.from_id < 0:
+            raise ValueError(f"from_id must not be negative, got {options.from_id}")
+        await self._require_usable()
+        self._request = self._connect_request(
+            listen=listen,
+            mode=MODE_TO_PROTO[options.mode],
+            from_id=options.from_id,
+            prefetch=options.prefetch,
+            visibility_timeout=duration(options.visibility_timeout),
+        )
+        self._next_replay_id = options.from_id
+        try:
+            self._opened = await self._start_stream()
+        except StreamBroken as broken:
+            raise broken.error from None
+        self._leaving = False
+
+    def _connect_request(self, **fields: Any) -> pb.ConnectChannelRequest:
+        request = pb.ConnectChannelRequest(
+            channel=self.name, local_role=self.local, remote_role=self.remote, **fields
+        )
+        if self.ttl is not None:
+            request.ttl.CopyFrom(duration(self.ttl))
+        return request
+
+    def _start_receiving(self) -> None:
+        call, self._opened = self._opened, None
+        self._manager.note_attached(self, self._outbound_queue, True)
+        self._reader = asyncio.create_task(
+            self._read_loop(call), name=f"busmq-federated-channel {self.name}:{self.role}"
+        )
 
     async def _start_stream(self) -> Any:
         """Open a ConnectChannel stream and wait for ``started``; returns the call.
@@ -337,7 +327,7 @@ class FederatedChannel(ChannelEnd):
         try:
             response = await push_or_queue(self._manager, self.link, request, len(messages))
         except QueueNotFoundError:
-            raise ChannelEndedError(self.name, "the peer's queue is gone (ended)") from None
+            raise self._peer_queue_gone() from None
         return None if response is None else PushResult(list(response.ids), response.duplicate)
 
     async def send_to(
@@ -363,15 +353,8 @@ class FederatedChannel(ChannelEnd):
 
     # -- receiving --------------------------------------------------------------------
 
-    async def ack(self, *ids: int) -> int:
-        """Acknowledge at-least-once deliveries by id; raises
-        :class:`UnknownMessageError` for ids that were not pending. A no-op returning 0
-        after the channel ended."""
-        if self._state is ChannelState.ENDED:
-            return 0
-        if self._state is ChannelState.IDLE:
-            raise ChannelStateError(self.name, "never connected")
-        unknown = await self._ack_ids(list(ids))
+    async def _ack(self, ids: list[int]) -> int:
+        unknown = await self._ack_ids(ids)
         if unknown:
             raise UnknownMessageError(self.name, unknown)
         return len(ids)
@@ -427,11 +410,7 @@ class FederatedChannel(ChannelEnd):
             self._leaving = True
             if self._connection_id is None:
                 if self._request is None:
-                    self._request = pb.ConnectChannelRequest(
-                        channel=self.name, local_role=self.local, remote_role=self.remote
-                    )
-                    if self.ttl is not None:
-                        self._request.ttl.CopyFrom(duration(self.ttl))
+                    self._request = self._connect_request()
                 await self._stop_reader(grace=0.0)
                 try:
                     call = await self._start_stream()
@@ -452,12 +431,8 @@ class FederatedChannel(ChannelEnd):
             while await call.read() is not grpc.aio.EOF:
                 pass
 
-    async def _ended_by_peer(self) -> None:
-        if self._state is not ChannelState.CONNECTED:
-            return
-        self._state = ChannelState.ENDED
+    async def _remove_end(self) -> None:
         self._teardown()
-        self._emit("ended", by="remote")
 
     async def _settle_disconnected(self, reason: str, error: BaseException | None = None) -> None:
         self._state = ChannelState.DISCONNECTED
