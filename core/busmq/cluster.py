@@ -48,7 +48,8 @@ from .errors import TopologyError
 from .keys import QueueKeys
 from .mux import Arg, Command, Endpoint, MuxClient
 from .notifier import Notifier, WakeUp, mark_recheck
-from .shard import CONNECTION_ERRORS, Redirect, Shard, _is_wrong_node
+from .redis_client import CONNECTION_ERRORS, Redirect, is_wrong_node
+from .shard import Shard
 from .topology import ClusterTarget, parse_cluster_url, ssl_kwargs
 
 log = logging.getLogger(__name__)
@@ -250,7 +251,7 @@ class ClusterShard(Shard):
             return Redirect(ask=(exc.host, int(exc.port)), pause=False)
         if isinstance(exc, rex.TryAgainError):
             return Redirect()  # the retry loop backs off a little before sending again
-        if isinstance(exc, rex.ClusterDownError) or _is_wrong_node(exc):
+        if isinstance(exc, rex.ClusterDownError) or is_wrong_node(exc):
             # A failover under way, or a demoted master: read the topology again.
             self.report_failure(exc)
             return Redirect()

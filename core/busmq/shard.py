@@ -17,11 +17,9 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-import hiredis
 import redis.asyncio as aioredis
 import redis.exceptions as rex
 from redis.asyncio.retry import Retry
@@ -41,6 +39,14 @@ from .errors import (
 from .events import Event, EventHub
 from .mux import Endpoint, MuxClient, ReplyTimeoutError, was_not_sent
 from .notifier import Notifier, WakeUps
+from .redis_client import (
+    CONNECTION_ERRORS,
+    Redirect,
+    gated,
+    is_wrong_node,
+    raw_reply,
+    with_fast_packing,
+)
 from .sentinel import check_service, master_pool, sentinel_client
 from .settings import BusSettings, mask_url
 from .topology import SentinelTarget, is_cluster_url, is_sentinel_url, parse_sentinel_url
@@ -48,8 +54,6 @@ from .topology import SentinelTarget, is_cluster_url, is_sentinel_url, parse_sen
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 C = TypeVar("C")
-
-CONNECTION_ERRORS = (rex.ConnectionError, rex.TimeoutError, OSError)
 
 
 class _Outage:
@@ -66,70 +70,6 @@ class _Outage:
         when = self._scope.when()
         if when is not None and when < self._deadline:
             self._scope.reschedule(self._deadline)
-
-
-def _gated(
-    call: Callable[[C], Awaitable[T]], gate: asyncio.Semaphore
-) -> Callable[[C], Awaitable[T]]:
-    """``call`` holding one of ``gate``'s places. A full client pool is not an outage:
-    redis-py's own reads (topology refreshes after a probe or a ``MOVED``) take pool
-    connections outside the gate. Nothing was sent; wait a moment, send."""
-
-    async def gated(client: C) -> T:
-        async with gate:
-            pause = 0.001
-            while True:
-                try:
-                    return await call(client)
-                except rex.MaxConnectionsError:
-                    await asyncio.sleep(pause)
-                    pause = min(pause * 2, 0.05)
-
-    return gated
-
-
-def _with_fast_packing(base: type[Any]) -> type[Any]:
-    """``base`` (a redis-py connection class) packing commands with hiredis, in C.
-
-    redis-py's async connections pack in Python, joining the buffer once per argument;
-    a 100-message push (300+ arguments) costs ~190 us that way and ~38 us in hiredis.
-    """
-
-    class FastPacking(base):  # type: ignore[misc]
-        def pack_command(self, *args: Any) -> list[bytes]:
-            first = args[0]
-            if (b" " if isinstance(first, bytes) else " ") in first:
-                args = (*first.split(), *args[1:])  # e.g. "SCRIPT LOAD"
-            try:
-                return [hiredis.pack_command(args)]
-            except TypeError:  # let redis-py raise its usual error for the odd type
-                return super().pack_command(*args)  # type: ignore[no-any-return]
-
-    FastPacking.__name__ = f"FastPacking{base.__name__}"
-    return FastPacking
-
-
-@dataclass(frozen=True)
-class Redirect:
-    """A command refused where it was sent, applied nowhere: send it again, where the
-    shard now routes it, or once to ``ask`` (a cluster's ``ASK`` target) for the calls
-    that can. ``pause``: back off first (the refusal lasts a moment, e.g. a failover)."""
-
-    ask: tuple[str, int] | None = None
-    pause: bool = True
-
-
-def _is_wrong_node(exc: rex.ResponseError) -> bool:
-    """Whether Redis refused a command because it is not (or no longer) a writable
-    master; scripts report it inside their error text."""
-    text = str(exc)
-    return isinstance(exc, rex.ReadOnlyError | rex.MasterDownError) or any(
-        code in text for code in ("READONLY ", "MASTERDOWN ")
-    )
-
-
-def _raw_reply(response: Any, **options: Any) -> Any:
-    return response
 
 
 class ShardState(enum.Enum):
@@ -174,7 +114,7 @@ class Shard:
         self.client, endpoint = self._make_client()
         # Stream reads are decoded by busmq (message.decode_raw), not redis-py's callbacks.
         for command in ("XREAD", "XREADGROUP"):
-            self.client.set_response_callback(command, _raw_reply)
+            self.client.set_response_callback(command, raw_reply)
         # Push, read and ack share one auto-pipelined connection (see busmq.mux).
         self.mux = MuxClient(
             endpoint,
@@ -230,7 +170,7 @@ class Shard:
                 socket_timeout=None,  # every call is bounded by Shard.run's asyncio.timeout
                 socket_connect_timeout=settings.operation_timeout,
             )
-        pool.connection_class = _with_fast_packing(pool.connection_class)
+        pool.connection_class = with_fast_packing(pool.connection_class)
         endpoint = Endpoint.from_pool(pool, self.label)
         if self.sentinel is not None:
             endpoint = dataclasses.replace(endpoint, locate=self._master_address)
@@ -399,7 +339,7 @@ class Shard:
         budget = self._settings.operation_timeout if timeout is None else timeout
         gate = self._client_calls
         if gate is not None:
-            call = _gated(call, gate)
+            call = gated(call, gate)
         return await self._bounded(call, lambda _: self.client, idempotent, budget)
 
     async def run_fast(
@@ -497,7 +437,7 @@ class Shard:
         """Whether ``exc`` proves that the command was not applied because it reached
         the wrong server, having redirected the shard (``None``: a real error). Here:
         a server that is no longer the master (``READONLY``, ``MASTERDOWN``)."""
-        if not _is_wrong_node(exc):
+        if not is_wrong_node(exc):
             return None
         self._wrong_node(exc)
         return Redirect()
