@@ -104,6 +104,7 @@ class Config:
     durability: str = "async"
     name_prefix: str = "bench"  # queue names: <prefix>-<scenario>-<i>
     request_ids: bool = False  # busmq: every push carries a fresh request id
+    producer: bool = False  # busmq: every push carries its producer's next sequence
 
 
 @dataclass(slots=True)
@@ -488,7 +489,13 @@ async def run_busmq(config: Config, server: RedisTarget, scenario: str) -> Resul
         ]
         start = asyncio.get_running_loop().time()
         for lane, queue in zip(run.lanes, queues, strict=True):
-            push = _with_request_ids(queue) if config.request_ids else queue.push_batch
+            push = (
+                _with_request_ids(queue)
+                if config.request_ids
+                else _with_producer(queue)
+                if config.producer
+                else queue.push_batch
+            )
             coro = (
                 paced_producer(run, lane, push, start)
                 if scenario == "rate"
@@ -585,6 +592,17 @@ def _with_request_ids(queue: Queue) -> Push:
 
     async def push(payloads: list[bytes]) -> Any:
         return await queue.push_batch(payloads, request_id=f"{prefix}-{next(numbers)}")
+
+    return push
+
+
+def _with_producer(queue: Queue) -> Push:
+    """``queue.push_batch`` as an idempotent producer: one producer per queue, each push
+    numbered by the next sequence."""
+    numbers = itertools.count(1)
+
+    async def push(payloads: list[bytes]) -> Any:
+        return await queue.push_batch(payloads, producer="bench", sequence=next(numbers))
 
     return push
 
@@ -859,6 +877,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--request-ids", action="store_true", help="busmq: a fresh request id on every push"
     )
     p.add_argument(
+        "--producer",
+        action="store_true",
+        help="busmq: every push is an idempotent producer's next sequence",
+    )
+    p.add_argument(
         "--max-connections",
         type=int,
         default=0,
@@ -917,6 +940,7 @@ async def main_async(args: argparse.Namespace) -> list[Result]:
         max_connections=args.max_connections,
         bus_settings=tuple(_setting(item) for item in args.bus_setting),
         request_ids=args.request_ids,
+        producer=args.producer,
     )
     results: list[Result] = []
     with local_redis() as server:

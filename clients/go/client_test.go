@@ -225,6 +225,42 @@ func TestReplayFromAnIdWithMax(t *testing.T) {
 	}
 }
 
+func TestAProducerSequenceIsStoredOnceAndAnOlderEpochIsFenced(t *testing.T) {
+	d := start(t)
+	client := dial(t, d, d.secret)
+	ctx := context.Background()
+	queue := client.Queue("go-producer")
+	if _, err := queue.Attach(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	old := Producer{Name: "go-etl", Epoch: 1}
+	first, err := queue.PushSequenced(ctx, old, 7, []Message{Text("a"), Text("b")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := queue.PushSequenced(ctx, old, 7, []Message{Text("a"), Text("b")})
+	if err != nil || fmt.Sprint(again) != fmt.Sprint(first) {
+		t.Fatalf("repeat: %v %v (first %v)", again, err, first)
+	}
+	if older, err := queue.PushSequenced(ctx, old, 3, []Message{Text("older")}); err != nil || len(older) != 0 {
+		t.Fatalf("older sequence: %v %v", older, err)
+	}
+	if _, err := queue.PushSequenced(ctx, Producer{Name: "go-etl", Epoch: 2}, 0, []Message{Text("new")}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = queue.PushSequenced(ctx, old, 8, []Message{Text("late")})
+	if !errors.Is(err, ErrProducerFenced) {
+		t.Fatalf("want ErrProducerFenced, got %v", err)
+	}
+	if current, _ := err.(*Error).Int("current_epoch"); current != 2 {
+		t.Fatalf("current_epoch %d", current)
+	}
+	info, err := queue.Info(ctx)
+	if err != nil || info.Count != 3 {
+		t.Fatalf("count %v %v", info, err)
+	}
+}
+
 func TestErrorsAreTypedFromTheStatusAndErrorInfo(t *testing.T) {
 	d := start(t)
 	ctx := context.Background()

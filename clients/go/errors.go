@@ -57,6 +57,7 @@ var (
 	ErrQueueNotFound   = &Error{Reason: "QUEUE_NOT_FOUND"}
 	ErrModeConflict    = &Error{Reason: "MODE_CONFLICT"}
 	ErrNotConfirmed    = &Error{Reason: "DURABILITY_NOT_CONFIRMED"}
+	ErrProducerFenced  = &Error{Reason: "PRODUCER_FENCED"}
 	ErrUnavailable     = &Error{Code: codes.Unavailable}
 )
 

@@ -123,10 +123,37 @@ func Text(text string) Message {
 // gateway without it gets calls: pushes made while one is under way share the next),
 // each answered on its own.
 func (q *Queue) PushBatch(ctx context.Context, messages []Message) ([]uint64, error) {
+	return q.push(ctx, q.request(messages))
+}
+
+// Producer is an idempotent producer: its pushes are stored once per queue, producer
+// and sequence, with no time window. A push with a lower Epoch than the queue has seen
+// is refused with ErrProducerFenced (a newer instance of the producer has pushed).
+type Producer struct {
+	Name  string
+	Epoch uint64
+}
+
+// PushSequenced pushes messages atomically as producer's push number sequence and
+// returns their ids. A repeat of the producer's last push stores nothing and returns
+// its ids; a sequence below that stores nothing and returns no ids. Sequences must
+// increase (gaps are allowed).
+func (q *Queue) PushSequenced(ctx context.Context, producer Producer, sequence uint64, messages []Message) ([]uint64, error) {
+	request := q.request(messages)
+	request.Producer, request.ProducerEpoch, request.ProducerSequence = producer.Name, producer.Epoch, sequence
+	return q.push(ctx, request)
+}
+
+func (q *Queue) request(messages []Message) *pb.PushRequest {
 	request := &pb.PushRequest{Queue: q.Name, RequestId: newRequestID()}
 	for _, m := range messages {
 		request.Messages = append(request.Messages, &pb.OutgoingMessage{Payload: m.Payload, Kind: m.Kind, Headers: m.Headers})
 	}
+	return request
+}
+
+// push sends request, retried with its request id while the gateway is unavailable.
+func (q *Queue) push(ctx context.Context, request *pb.PushRequest) ([]uint64, error) {
 	backoff := 50 * time.Millisecond
 	for {
 		ids, err := q.client.pushes.push(ctx, request)

@@ -34,6 +34,7 @@ from .errors import (
     MessageTooLargeError,
     ModeConflictError,
     NotAttachedError,
+    ProducerFencedError,
     QueueFullError,
     QueueNotFoundError,
     RequestTimeoutError,
@@ -44,7 +45,7 @@ from .errors import (
 from .events import Event, Subscription
 from .message import Delivery, Message, PayloadKind
 from .persistable import Persistable
-from .pushing import PushResult
+from .pushing import Producer, PushResult
 from .queue import Queue, Retention
 from .service import Request, Service
 from .settings import BusSettings
@@ -79,6 +80,8 @@ __all__ = [
     "NotAttachedError",
     "PayloadKind",
     "Persistable",
+    "Producer",
+    "ProducerFencedError",
     "PushResult",
     "Queue",
     "QueueFullError",

@@ -15,8 +15,10 @@ from .context import Lease
 from .embedded import EmbeddedRedis
 from .errors import BusClosedError, BusError, BusUnavailableError
 from .events import Event, EventHub
+from .keys import producer_epoch_key
 from .persistable import Persistable
 from .placement import Placement
+from .pushing import Producer
 from .queue import Queue
 from .scripts import Scripts
 from .service import Service
@@ -182,6 +184,22 @@ class Bus:
         """Persistable object ``name`` tracking ``fields`` (names, or names to defaults)."""
         self._require_open()
         return Persistable(self, name, fields, ttl=ttl)
+
+    async def producer(self, name: str) -> Producer:
+        """A new instance of producer ``name`` for sequenced pushes, with an epoch higher
+        than every earlier instance's: once it has pushed to a queue, an older instance's
+        pushes to that queue raise :class:`ProducerFencedError` (see
+        :meth:`Queue.push`). Each call counts up the epoch in Redis."""
+        self._require_open()
+        key = producer_epoch_key(name)
+        shard = await self.placement.locate(f"producer:{name}", key)
+
+        async def next_epoch(client: Any) -> int:
+            return int(await client.incr(key))
+
+        epoch = await shard.run(next_epoch, idempotent=False)
+        self.placement.remember(key, shard)
+        return Producer(name, epoch)
 
     def service(self, name: str, **options: Any) -> Service:
         """Request/reply service ``name`` (see :class:`~busmq.service.Service`)."""

@@ -115,6 +115,29 @@ class QueueFullError(BusError):
         self.limit = limit
 
 
+class ProducerFencedError(BusError):
+    """A sequenced push came from an older instance of its producer: a newer one (a
+    higher epoch) has pushed to the queue since. Nothing was stored; the older instance
+    should stop.
+
+    Attributes:
+        queue: the queue pushed to.
+        producer: the producer's name.
+        epoch: the epoch of the refused push.
+        current_epoch: the epoch the queue holds for the producer.
+    """
+
+    def __init__(self, queue: str, producer: str, epoch: int, current_epoch: int) -> None:
+        super().__init__(
+            f"producer {producer!r} epoch {epoch} is fenced on queue {queue!r} "
+            f"(epoch {current_epoch} has pushed since)"
+        )
+        self.queue = queue
+        self.producer = producer
+        self.epoch = epoch
+        self.current_epoch = current_epoch
+
+
 class BusClosedError(BusError):
     """The bus, queue or consumer has been closed."""
 

@@ -46,6 +46,12 @@ def dead_letter_name(name: str) -> str:
     return name + DEAD_SUFFIX
 
 
+def producer_epoch_key(producer: str) -> str:
+    """The counter of a producer's epochs (see :meth:`busmq.Bus.producer`): one small
+    key per producer name, kept without expiry so that epochs only grow."""
+    return f"{PREFIX}:producer:{{{validate_name(producer)}}}:epoch"
+
+
 def placement_name(name: str) -> str:
     """The name whose hash places the queue: a dead-letter queue goes with its queue, so
     moving a message between them is one single-slot script."""

@@ -14,8 +14,10 @@ from .errors import (
     BusUnavailableError,
     DurabilityError,
     MessageTooLargeError,
+    ProducerFencedError,
     RedisCommandError,
 )
+from .keys import validate_name
 from .message import EncodedMessage, Payload, PayloadKind, encode_item
 
 if TYPE_CHECKING:
@@ -28,6 +30,50 @@ Flat = list[bytes | str | int]
 _BYTES_KIND = PayloadKind.BYTES.value
 
 
+MAX_SEQUENCE = 2**53 - 1
+"""The largest producer sequence or epoch (Redis's Lua numbers are doubles)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Producer:
+    """A producer of sequenced pushes: its name and epoch. Obtain one with
+    :meth:`busmq.Bus.producer`, which gives every new instance of a name a higher epoch,
+    so that an older instance still running (a zombie) is refused; or pass the name
+    alone to ``push(producer=...)`` (epoch 0, never fenced)."""
+
+    name: str
+    epoch: int = 0
+
+    def __post_init__(self) -> None:
+        validate_name(self.name)
+        if not 0 <= self.epoch <= MAX_SEQUENCE:
+            raise ValueError(f"a producer epoch is 0 to {MAX_SEQUENCE}, got {self.epoch!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Sequenced:
+    """A push numbered by its producer: stored once per (queue, producer, sequence),
+    with no time window (see :meth:`QueueAPI.push`)."""
+
+    producer: Producer
+    sequence: int
+
+    @classmethod
+    def of(cls, producer: str | Producer | None, sequence: int | None) -> Sequenced | None:
+        """The numbering of a push from the ``producer`` and ``sequence`` arguments."""
+        if producer is None and sequence is None:
+            return None
+        if producer is None or sequence is None:
+            raise ValueError("producer and sequence go together")
+        if type(sequence) is not int or not 0 <= sequence <= MAX_SEQUENCE:
+            raise ValueError(f"a sequence is an int from 0 to {MAX_SEQUENCE}, got {sequence!r}")
+        return cls(Producer(producer) if isinstance(producer, str) else producer, sequence)
+
+    @property
+    def script_arg(self) -> str:
+        return f"{self.producer.epoch} {self.sequence} {self.producer.name}"
+
+
 @dataclass(slots=True)
 class PushOptions:
     """How a push is stored (see :meth:`QueueAPI.push`)."""
@@ -38,12 +84,15 @@ class PushOptions:
     at: datetime | None = None
     ttl: float | None = None
     expires_at: datetime | None = None
+    sequenced: Sequenced | None = None
 
 
 @dataclass(frozen=True)
 class PushResult:
-    """Ids of the pushed messages; ``duplicate`` if the ``request_id`` was already stored
-    (nothing was written and ``ids`` are those of the original push)."""
+    """Ids of the pushed messages; ``duplicate`` if the ``request_id`` or the producer's
+    sequence was already stored: nothing was written and ``ids`` are those of the
+    original push, or empty for a producer's sequence older than its last push (only
+    the last push's ids are kept)."""
 
     ids: list[int]
     duplicate: bool
@@ -113,6 +162,7 @@ async def store(queue: QueueStore, flat: Flat, count: int, options: PushOptions)
         due_ms(options.delay, options.at),
         expires_ms(options.ttl, options.expires_at),
         1 if len(flat) == count else 3,  # payloads alone, or (payload, kind, headers)
+        "" if options.sequenced is None else options.sequenced.script_arg,
         *flat,
     ]
     script_keys = [keys.info, keys.stream, keys.due, keys.delayed]
@@ -124,7 +174,7 @@ async def store(queue: QueueStore, flat: Flat, count: int, options: PushOptions)
     shortfall = None
     try:
         if level.is_async:
-            first, duplicate = await queue.run_fast(
+            reply = await queue.run_fast(
                 lambda c: bus.scripts.call(c, "push", script_keys, args), idempotent=False
             )
         else:
@@ -133,15 +183,22 @@ async def store(queue: QueueStore, flat: Flat, count: int, options: PushOptions)
             reply, shortfall = await shard.run_durable(
                 sha, source, script_keys, args, level, route=keys.stream
             )
-            first, duplicate = reply
     except RedisCommandError as exc:
+        sequenced = options.sequenced
+        if sequenced is not None and str(exc).startswith("FENCED"):
+            producer = sequenced.producer
+            current = int(str(exc).split()[1])
+            raise ProducerFencedError(queue.name, producer.name, producer.epoch, current) from None
         raise queue.script_error(exc) from None
     except BusUnavailableError as exc:  # may be stored: the id to retry with
         exc.request_id = request_id
         raise
+    first, duplicate = int(reply[0]), bool(reply[1])
+    if len(reply) > 2:  # a producer's duplicate: the ids of its last push, if it was that
+        count = int(reply[2])
     if not duplicate:
         bus.counters.add("pushed", queue.name, count)
-    ids = list(range(int(first), int(first) + count))
+    ids = list(range(first, first + count))
     if shortfall is not None:
         raise DurabilityError(
             f"push to {queue.name!r} applied but not confirmed {level}: {shortfall}; "
@@ -149,4 +206,4 @@ async def store(queue: QueueStore, flat: Flat, count: int, options: PushOptions)
             shard.label,
             ids,
         )
-    return PushResult(ids, bool(duplicate))
+    return PushResult(ids, duplicate)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, Self, TypeVar
 from .consuming import LATEST, Mode
 from .errors import DurabilityError, UnknownMessageError
 from .events import Event, EventHub
-from .pushing import PushOptions, PushResult
+from .pushing import Producer, PushOptions, PushResult, Sequenced
 
 if TYPE_CHECKING:
     from .controls import RateLimit, RetryPolicy
@@ -276,6 +276,8 @@ class QueueAPI(Generic[Absent, C]):
         at: datetime | None = None,
         ttl: float | None = None,
         expires_at: datetime | None = None,
+        producer: str | Producer | None = None,
+        sequence: int | None = None,
     ) -> int | Absent:
         """Push one message; returns its id.
 
@@ -290,15 +292,34 @@ class QueueAPI(Generic[Absent, C]):
         :mod:`busmq.controls`). ``ttl`` (seconds) or ``expires_at``: a message not
         delivered by then is not delivered; it goes to the dead-letter queue with reason
         ``expired``, or is dropped if the queue says so (:meth:`drop_expired`).
+
+        ``producer`` and ``sequence`` make a push idempotent with no time window: the
+        queue keeps each producer's last sequence for as long as it lives, and a push at
+        or below it stores nothing (it returns the original id when it repeats the last
+        push, else 0: only the last push's ids are kept). Sequences must increase; gaps
+        are allowed. A :class:`Producer` from :meth:`Bus.producer` also fences: once a
+        newer instance of the producer has pushed to the queue, an older one's pushes
+        raise :class:`ProducerFencedError`. See "Exactly once" in the README.
         """
         item = value if headers is None else (value, headers)
         result = await self._pushed(
             1,
             self._backend.push_items(
-                (item,), PushOptions(request_id, durability, delay, at, ttl, expires_at)
+                (item,),
+                PushOptions(
+                    request_id,
+                    durability,
+                    delay,
+                    at,
+                    ttl,
+                    expires_at,
+                    Sequenced.of(producer, sequence),
+                ),
             ),
         )
-        return result.ids[0] if isinstance(result, PushResult) else result
+        if isinstance(result, PushResult):
+            return result.ids[0] if result.ids else 0
+        return result
 
     async def push_batch(
         self,
@@ -310,17 +331,30 @@ class QueueAPI(Generic[Absent, C]):
         at: datetime | None = None,
         ttl: float | None = None,
         expires_at: datetime | None = None,
+        producer: str | Producer | None = None,
+        sequence: int | None = None,
     ) -> list[int] | Absent:
         """Push several messages atomically, in order, in one round trip; returns their ids.
 
         Each item is a value, a ``(value, headers)`` pair, or an already encoded
         :class:`~busmq.message.EncodedMessage`. Either all are stored or, on error, none.
-        ``delay``/``at`` and ``ttl``/``expires_at`` apply to every message (see :meth:`push`).
+        ``delay``/``at``, ``ttl``/``expires_at`` and ``producer``/``sequence`` (one
+        sequence for the whole batch) apply as for :meth:`push`; a duplicate of an older
+        sequence returns an empty list.
         """
         result = await self._pushed(
             None,
             self._backend.push_items(
-                items, PushOptions(request_id, durability, delay, at, ttl, expires_at)
+                items,
+                PushOptions(
+                    request_id,
+                    durability,
+                    delay,
+                    at,
+                    ttl,
+                    expires_at,
+                    Sequenced.of(producer, sequence),
+                ),
             ),
         )
         return result.ids if isinstance(result, PushResult) else result
@@ -335,13 +369,24 @@ class QueueAPI(Generic[Absent, C]):
         at: datetime | None = None,
         ttl: float | None = None,
         expires_at: datetime | None = None,
+        producer: str | Producer | None = None,
+        sequence: int | None = None,
     ) -> PushResult | Absent:
         """Push already encoded messages (sizes are the caller's to check); see
         :meth:`push_batch`. Also tells whether ``request_id`` had been stored before."""
         return await self._pushed(
             len(encoded),
             self._backend.push_encoded(
-                encoded, PushOptions(request_id, durability, delay, at, ttl, expires_at)
+                encoded,
+                PushOptions(
+                    request_id,
+                    durability,
+                    delay,
+                    at,
+                    ttl,
+                    expires_at,
+                    Sequenced.of(producer, sequence),
+                ),
             ),
         )
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from google.protobuf import timestamp_pb2
 
-from busmq import QueueInfo, RateLimit, RetryPolicy
+from busmq import Producer, QueueInfo, RateLimit, RetryPolicy
 from busmq.v1 import queue_service_pb2 as pb
 
 from .convert import duration, seconds
@@ -36,6 +36,17 @@ def push_timing(request: pb.PushRequest) -> dict[str, Any]:
     if request.HasField("expires_at"):
         timing["expires_at"] = _time(request.expires_at)
     return timing
+
+
+def producer_sequence(request: pb.PushRequest) -> dict[str, Any]:
+    """The push's idempotent producer (``producer`` and ``sequence``) as core keyword
+    arguments; none without a producer name."""
+    if not request.producer:
+        if request.producer_epoch or request.producer_sequence:
+            raise RequestError("producer_epoch and producer_sequence need a producer")
+        return {}
+    producer = Producer(request.producer, request.producer_epoch)
+    return {"producer": producer, "sequence": request.producer_sequence}
 
 
 def retry_policy(request: pb.ConsumeRequest) -> RetryPolicy | None:

@@ -16,6 +16,7 @@ federation client first of all) rebuilds the exception without parsing the messa
     INVALID_NAME        name, detail
     MESSAGE_TOO_LARGE   size, limit (bytes)
     QUEUE_FULL          queue, max_backlog
+    PRODUCER_FENCED     queue, producer, epoch, current_epoch
     QUEUE_NOT_FOUND     queue
     NOT_ATTACHED        queue
     MODE_CONFLICT       queue, current_mode, requested_mode
@@ -64,6 +65,7 @@ TABLE: tuple[tuple[type[BaseException], grpc.StatusCode, str], ...] = (
     (core.QueueFullError, grpc.StatusCode.RESOURCE_EXHAUSTED, "QUEUE_FULL"),
     (core.QueueNotFoundError, grpc.StatusCode.NOT_FOUND, "QUEUE_NOT_FOUND"),
     (core.NotAttachedError, grpc.StatusCode.FAILED_PRECONDITION, "NOT_ATTACHED"),
+    (core.ProducerFencedError, grpc.StatusCode.FAILED_PRECONDITION, "PRODUCER_FENCED"),
     (core.ModeConflictError, grpc.StatusCode.FAILED_PRECONDITION, "MODE_CONFLICT"),
     (core.UnknownMessageError, grpc.StatusCode.FAILED_PRECONDITION, "NOT_PENDING"),
     (core.ChannelEndedError, grpc.StatusCode.FAILED_PRECONDITION, "CHANNEL_ENDED"),
@@ -123,10 +125,8 @@ def error_metadata(exc: BaseException) -> dict[str, str]:
         return {"name": exc.name, "detail": exc.reason}
     if isinstance(exc, core.MessageTooLargeError):
         return {"size": str(exc.size), "limit": str(exc.limit)}
-    if isinstance(exc, core.QueueFullError):
-        return {"queue": exc.queue, "max_backlog": str(exc.limit)}
-    if isinstance(exc, core.DurabilityError):
-        return {"ids": ",".join(str(i) for i in exc.ids), "shard": exc.shard}
+    if isinstance(exc, core.QueueFullError | core.ProducerFencedError | core.DurabilityError):
+        return _push_metadata(exc)
     if isinstance(exc, core.QueueNotFoundError | core.NotAttachedError):
         return {"queue": exc.queue}
     if isinstance(exc, core.ModeConflictError):
@@ -149,6 +149,21 @@ def error_metadata(exc: BaseException) -> dict[str, str]:
     if isinstance(exc, core.ChannelStateError):
         return {"channel": exc.channel}
     return {}
+
+
+def _push_metadata(
+    exc: core.QueueFullError | core.ProducerFencedError | core.DurabilityError,
+) -> dict[str, str]:
+    if isinstance(exc, core.QueueFullError):
+        return {"queue": exc.queue, "max_backlog": str(exc.limit)}
+    if isinstance(exc, core.ProducerFencedError):
+        return {
+            "queue": exc.queue,
+            "producer": exc.producer,
+            "epoch": str(exc.epoch),
+            "current_epoch": str(exc.current_epoch),
+        }
+    return {"ids": ",".join(str(i) for i in exc.ids), "shard": exc.shard}
 
 
 def error_status(exc: BaseException, metadata: dict[str, str] | None = None) -> status_pb2.Status:

@@ -31,7 +31,7 @@ from busmq.v1 import types_pb2
 from .access import caller, check_owner
 from .attachments import Attachments
 from .config import GatewaySettings
-from .controls import info_fields, push_timing, rate_limit, retry_policy
+from .controls import info_fields, producer_sequence, push_timing, rate_limit, retry_policy
 from .convert import (
     check_push_many,
     consume_mode,
@@ -136,6 +136,7 @@ class QueueService(QueueInventory, pb_grpc.QueueServiceServicer):
             request_id=request.request_id or None,
             durability=request.durability or None,
             **push_timing(request),
+            **producer_sequence(request),
         )
 
     @unary

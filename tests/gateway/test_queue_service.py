@@ -112,6 +112,39 @@ async def test_push_with_request_id_is_idempotent(gateway: GatewayUnderTest) -> 
     assert again.duplicate and not first.duplicate
 
 
+async def test_a_producer_sequence_is_stored_once_and_an_older_epoch_is_fenced(
+    gateway: GatewayUnderTest,
+) -> None:
+    await attach(gateway, "seq")
+
+    def push(value: str, epoch: int, sequence: int) -> pb.PushRequest:
+        return pb.PushRequest(
+            queue="seq",
+            messages=[text(value)],
+            producer="etl",
+            producer_epoch=epoch,
+            producer_sequence=sequence,
+        )
+
+    first = await gateway.queues.Push(push("a", 1, 5), metadata=AUTH)
+    again = await gateway.queues.Push(push("a", 1, 5), metadata=AUTH)
+    assert list(first.ids) == list(again.ids) == [1]
+    assert again.duplicate and not first.duplicate
+    older = await gateway.queues.Push(push("a", 1, 4), metadata=AUTH)
+    assert older.duplicate and list(older.ids) == []
+    assert list((await gateway.queues.Push(push("b", 2, 0), metadata=AUTH)).ids) == [2]
+    info = error_info(await refused(gateway.queues.Push(push("late", 1, 6), metadata=AUTH)))
+    assert info.reason == "PRODUCER_FENCED"
+    assert dict(info.metadata) == {
+        "queue": "seq",
+        "producer": "etl",
+        "epoch": "1",
+        "current_epoch": "2",
+    }
+    count = await gateway.queues.GetQueue(pb.GetQueueRequest(queue="seq"), metadata=AUTH)
+    assert count.count == 2
+
+
 async def test_at_least_once_over_a_stream_with_ack_nack_and_cumulative_ack(
     gateway: GatewayUnderTest,
 ) -> None:
@@ -262,6 +295,23 @@ async def test_metadata_flush_and_close(gateway: GatewayUnderTest) -> None:
             ),
             "RESOURCE_EXHAUSTED",
             "MESSAGE_TOO_LARGE",
+        ),
+        (
+            pb.PushRequest(queue="present", messages=[text("x")], producer_sequence=3),
+            "INVALID_ARGUMENT",
+            "INVALID_ARGUMENT",
+        ),
+        (
+            pb.PushRequest(queue="present", messages=[text("x")], producer="bad name"),
+            "INVALID_ARGUMENT",
+            "INVALID_NAME",
+        ),
+        (
+            pb.PushRequest(
+                queue="present", messages=[text("x")], producer="etl", producer_sequence=2**60
+            ),
+            "INVALID_ARGUMENT",
+            "INVALID_ARGUMENT",
         ),
     ],
 )

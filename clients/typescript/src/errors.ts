@@ -83,6 +83,14 @@ export class DurabilityError extends BusError {
 }
 /** The gateway, its Redis or the network is unavailable: the call may be retried. */
 export class UnavailableError extends BusError {}
+/** A newer instance of the producer (a higher epoch) has pushed to the queue: this one
+ * should stop. Nothing was stored. */
+export class ProducerFencedError extends BusError {
+  /** The epoch the queue holds for the producer. */
+  get currentEpoch(): bigint {
+    return BigInt(this.metadata.current_epoch ?? "0");
+  }
+}
 
 type ErrorClass = new (
   message: string,
@@ -105,6 +113,7 @@ const BY_REASON: Record<string, ErrorClass> = {
   PERSISTABLE_NOT_FOUND: NotFoundError,
   REQUEST_NOT_FOUND: NotFoundError,
   MODE_CONFLICT: ModeConflictError,
+  PRODUCER_FENCED: ProducerFencedError,
   CHANNEL_ENDED: ChannelStateError,
   CHANNEL_STATE: ChannelStateError,
   HANDLER_FAILED: HandlerError,

@@ -23,6 +23,11 @@ export interface PushOptions {
   durability?: string;
   /** How long to retry while the gateway or its Redis is unavailable (default 10,000 ms). */
   retryForMs?: number;
+  /** An idempotent producer: the push is stored once per queue, producer and `sequence`,
+   * with no time window (a repeat of the producer's last push answers its ids; an older
+   * sequence answers none). A lower `epoch` than the queue has seen is refused with
+   * ProducerFencedError. */
+  producer?: { name: string; epoch?: bigint; sequence: bigint };
 }
 
 export interface QueueInfo {
@@ -113,10 +118,11 @@ export class QueueHandle {
     }
   }
 
-  /** Push one message; returns its id. */
+  /** Push one message; returns its id (0n for a producer's sequence older than its
+   * last push: a duplicate whose id is no longer kept). */
   async push(payload: Payload, options: PushOptions = {}): Promise<bigint> {
     const [id] = await this.pushBatch([payload], options);
-    return id as bigint;
+    return id ?? 0n;
   }
 
   /** Push messages atomically and in order; returns their ids. Retried with the same
@@ -127,6 +133,9 @@ export class QueueHandle {
       messages: payloads.map((p) => encode(p, options.headers)),
       requestId: options.requestId ?? randomUUID(),
       durability: options.durability ?? "",
+      producer: options.producer?.name ?? "",
+      producerEpoch: options.producer?.epoch ?? 0n,
+      producerSequence: options.producer?.sequence ?? 0n,
     };
     const deadline = Date.now() + (options.retryForMs ?? 10_000);
     for (let backoff = 50; ; backoff = Math.min(backoff * 2, 1000)) {

@@ -7,6 +7,7 @@ import {
   InvalidNameError,
   MessageTooLargeError,
   NotFoundError,
+  ProducerFencedError,
   UnauthenticatedError,
 } from "../src/index.js";
 import { Deployment, liveGateway } from "./support.js";
@@ -46,6 +47,25 @@ describe("queues through a live gateway", () => {
     const again = await queue.pushBatch(["a", "b"], { requestId: "order-17" });
     assert.deepEqual(again, first);
     assert.equal((await queue.info()).count, 2n);
+    await queue.detach();
+  });
+
+  test("a producer's sequence is stored once, with no window, and an older epoch is fenced", async () => {
+    const { client } = live();
+    const queue = client.queue("ts-producer");
+    await queue.attach();
+    const old = { name: "ts-etl", epoch: 1n };
+    const first = await queue.pushBatch(["a", "b"], { producer: { ...old, sequence: 7n } });
+    const again = await queue.pushBatch(["a", "b"], { producer: { ...old, sequence: 7n } });
+    assert.deepEqual(again, first);
+    assert.equal(await queue.push("older", { producer: { ...old, sequence: 3n } }), 0n);
+    await queue.push("new", { producer: { name: "ts-etl", epoch: 2n, sequence: 0n } });
+    await assert.rejects(queue.push("late", { producer: { ...old, sequence: 8n } }), (error: unknown) => {
+      assert.ok(error instanceof ProducerFencedError);
+      assert.equal(error.currentEpoch, 2n);
+      return true;
+    });
+    assert.equal((await queue.info()).count, 3n);
     await queue.detach();
   });
 

@@ -13,6 +13,7 @@ what the local one would, with the same attributes:
     FAILED_PRECONDITION  MODE_CONFLICT    -> ModeConflictError
                          NOT_PENDING      -> UnknownMessageError
                          NOT_ATTACHED     -> NotAttachedError
+                         PRODUCER_FENCED  -> ProducerFencedError
     RESOURCE_EXHAUSTED   QUEUE_FULL       -> QueueFullError
                          (other)          -> MessageTooLargeError
     UNAUTHENTICATED, PERMISSION_DENIED    -> FederationUnauthorizedError
@@ -47,6 +48,7 @@ from ..errors import (
     MessageTooLargeError,
     ModeConflictError,
     NotAttachedError,
+    ProducerFencedError,
     QueueFullError,
     QueueNotFoundError,
     RequestTimeoutError,
@@ -223,6 +225,10 @@ def _precondition(reason: str, metadata: dict[str, str], message: str, queue: st
         return UnknownMessageError(queue, _ids(metadata))
     if reason == "NOT_ATTACHED":
         return NotAttachedError(queue)
+    if reason == "PRODUCER_FENCED":
+        producer = metadata.get("producer") or "?"
+        epoch, newer = _int(metadata, "epoch"), _int(metadata, "current_epoch")
+        return ProducerFencedError(queue, producer, epoch, newer)
     return RemoteError("FAILED_PRECONDITION", reason, message)
 
 

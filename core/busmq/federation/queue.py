@@ -282,6 +282,10 @@ class RemoteQueueBackend:
         )
         if options.durability is not None:
             request.durability = str(Durability.parse(options.durability))
+        if options.sequenced is not None:
+            producer = options.sequenced.producer
+            request.producer, request.producer_epoch = producer.name, producer.epoch
+            request.producer_sequence = options.sequenced.sequence
         set_timing(request, options.delay, options.at, options.ttl, options.expires_at)
         response = await push_or_queue(self._manager, self.link, request, len(encoded))
         if response is None:

@@ -357,6 +357,7 @@ def push(
             "",  # due now
             "",  # never expires
             3,  # (payload, kind, headers) per message
+            "",  # no producer sequence
             *flat,
         )
     except redis_module.ResponseError as exc:

@@ -59,7 +59,7 @@ class DetachQueueResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class PushRequest(_message.Message):
-    __slots__ = ("queue", "messages", "request_id", "durability", "delay", "deliver_at", "ttl", "expires_at")
+    __slots__ = ("queue", "messages", "request_id", "durability", "delay", "deliver_at", "ttl", "expires_at", "producer", "producer_epoch", "producer_sequence")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
@@ -68,6 +68,9 @@ class PushRequest(_message.Message):
     DELIVER_AT_FIELD_NUMBER: _ClassVar[int]
     TTL_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     queue: str
     messages: _containers.RepeatedCompositeFieldContainer[_types_pb2.OutgoingMessage]
     request_id: str
@@ -76,7 +79,10 @@ class PushRequest(_message.Message):
     deliver_at: _timestamp_pb2.Timestamp
     ttl: _duration_pb2.Duration
     expires_at: _timestamp_pb2.Timestamp
-    def __init__(self, queue: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_types_pb2.OutgoingMessage, _Mapping]]] = ..., request_id: _Optional[str] = ..., durability: _Optional[str] = ..., delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., deliver_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    producer: str
+    producer_epoch: int
+    producer_sequence: int
+    def __init__(self, queue: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_types_pb2.OutgoingMessage, _Mapping]]] = ..., request_id: _Optional[str] = ..., durability: _Optional[str] = ..., delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., deliver_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., producer: _Optional[str] = ..., producer_epoch: _Optional[int] = ..., producer_sequence: _Optional[int] = ...) -> None: ...
 
 class PushResponse(_message.Message):
     __slots__ = ("ids", "duplicate")
