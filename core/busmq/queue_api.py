@@ -302,21 +302,10 @@ class QueueAPI(Generic[Absent, C]):
         raise :class:`ProducerFencedError`. See "Exactly once" in the README.
         """
         item = value if headers is None else (value, headers)
-        result = await self._pushed(
-            1,
-            self._backend.push_items(
-                (item,),
-                PushOptions(
-                    request_id,
-                    durability,
-                    delay,
-                    at,
-                    ttl,
-                    expires_at,
-                    Sequenced.of(producer, sequence),
-                ),
-            ),
+        options = PushOptions(
+            request_id, durability, delay, at, ttl, expires_at, Sequenced.of(producer, sequence)
         )
+        result = await self._pushed(1, self._backend.push_items((item,), options))
         if isinstance(result, PushResult):
             return result.ids[0] if result.ids else 0
         return result
@@ -342,21 +331,10 @@ class QueueAPI(Generic[Absent, C]):
         sequence for the whole batch) apply as for :meth:`push`; a duplicate of an older
         sequence returns an empty list.
         """
-        result = await self._pushed(
-            None,
-            self._backend.push_items(
-                items,
-                PushOptions(
-                    request_id,
-                    durability,
-                    delay,
-                    at,
-                    ttl,
-                    expires_at,
-                    Sequenced.of(producer, sequence),
-                ),
-            ),
+        options = PushOptions(
+            request_id, durability, delay, at, ttl, expires_at, Sequenced.of(producer, sequence)
         )
+        result = await self._pushed(None, self._backend.push_items(items, options))
         return result.ids if isinstance(result, PushResult) else result
 
     async def push_encoded(
@@ -374,21 +352,10 @@ class QueueAPI(Generic[Absent, C]):
     ) -> PushResult | Absent:
         """Push already encoded messages (sizes are the caller's to check); see
         :meth:`push_batch`. Also tells whether ``request_id`` had been stored before."""
-        return await self._pushed(
-            len(encoded),
-            self._backend.push_encoded(
-                encoded,
-                PushOptions(
-                    request_id,
-                    durability,
-                    delay,
-                    at,
-                    ttl,
-                    expires_at,
-                    Sequenced.of(producer, sequence),
-                ),
-            ),
+        options = PushOptions(
+            request_id, durability, delay, at, ttl, expires_at, Sequenced.of(producer, sequence)
         )
+        return await self._pushed(len(encoded), self._backend.push_encoded(encoded, options))
 
     async def _pushed(
         self, count: int | None, push: Awaitable[PushResult | Absent]
