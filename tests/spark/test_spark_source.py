@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis.asyncio as aioredis
 
 from busmq import Bus, Mode
+from busmq.keys import QueueKeys
 from busmq.shard import shard_identity
 from busmq.sharding import rank
 from busmq.spark._core import locate
@@ -257,6 +259,66 @@ def _pipe_once(spark: Any, urls: list[str], checkpoint: Path) -> None:
     )
     query.awaitTermination(60)
     assert query.exception() is None
+
+
+def _pipe_with_retries(spark: Any, urls: list[str], checkpoint: Path, **options: str) -> None:
+    """The src -> dst pipe whose every task fails once after 100 rows (in push batches
+    of 50) and is retried, with request ids remembered for a millisecond only."""
+    writer = (
+        spark.readStream.format("busmq")
+        .option("redis_urls", ",".join(urls))
+        .option("queues", "src")
+        .option("max_rows_per_trigger", "400")
+        .load()
+        .select("payload", "headers")
+        .writeStream.format("busmq")
+        .option("redis_urls", ",".join(urls))
+        .option("queue", "dst")
+        .option("create", "true")
+        .option("batch_size", "50")
+        .option("fail_after_rows", "100")
+        .option("dedupe_seconds", "0.001")
+        .option("checkpointLocation", str(checkpoint))
+    )
+    for name, value in options.items():
+        writer = writer.option(name, value)
+    query = writer.trigger(availableNow=True).start()
+    query.awaitTermination(120)
+    assert query.exception() is None
+
+
+async def test_a_streaming_sink_stores_each_row_once_with_no_dedupe_window(
+    spark: Any, shards: list[RedisServer], tmp_path: Path
+) -> None:
+    """A streaming sink pushes as one idempotent producer per query and partition: a
+    retried task's batches are duplicates however long after. The same pipe keyed by
+    request ids (``write_id``) stores the retried batches again once the 1 ms window
+    has passed, which shows what the sequences save."""
+    urls = [s.url for s in shards]
+    await _push(urls, ["src"], [range(1000)])
+    _pipe_with_retries(spark, urls, tmp_path / "sequenced")
+    async with Bus(fast_settings(urls)) as bus:
+        dst = bus.queue("dst")
+        await dst.attach(ttl=600.0)
+        assert await dst.count() == 1000
+        got = []
+        async with dst.consume(Mode.REPLAY, from_id=0, max=1000) as consumer:
+            async for delivery in consumer:
+                got.append(delivery.payload)
+        assert sorted(got) == sorted(_expected_payload("src", i) for i in range(1000))
+        url, _ = locate(urls, "dst")
+        client = aioredis.from_url(url)
+        try:
+            fields = await client.hkeys(QueueKeys("dst").info)
+        finally:
+            await client.aclose()
+        assert any(f.startswith(b"P:spark:") for f in fields)
+        await dst.flush()
+    _pipe_with_retries(spark, urls, tmp_path / "by-request-id", write_id="pipe")
+    async with Bus(fast_settings(urls)) as bus:
+        dst = bus.queue("dst")
+        await dst.attach(ttl=600.0)
+        assert await dst.count() > 1000
 
 
 async def test_streaming_sink_queue_to_queue(

@@ -26,7 +26,9 @@ Write options (batch and streaming; columns ``payload`` binary/string, optional 
     create, ttl           attach (create) the queue with a lease of ``ttl`` s (600)
     kind                  ``auto`` (binary -> bytes, string -> text), ``bytes``, ``text``, ``json``
     batch_size            messages per push (500), each with an idempotent request id
-    dedupe_seconds        how long request ids are remembered (600, as BusSettings)
+    dedupe_seconds        how long request ids are remembered (600, as BusSettings); a
+                          streaming sink numbers its pushes as an idempotent producer
+                          per query and partition instead, with no time window
     max_message_bytes     per-message limit (1 MiB, as BusSettings)
     write_id              stable id of this write in request ids (default: the streaming
                           query id for a streaming sink, else drawn per write); give one

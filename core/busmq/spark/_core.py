@@ -337,27 +337,32 @@ def push(
     flat: list[bytes | str],
     request_id: str,
     dedupe_seconds: float,
+    producer: tuple[str, int] | None = None,
 ) -> tuple[int, bool]:
     """EVAL the core's push script: ``flat`` holds (payload, kind, headers) triples.
-    Returns (first id, duplicate)."""
+    With ``producer`` ((name, sequence), epoch 0) the push is deduplicated by the
+    producer's sequence, with no time window, instead of by ``request_id``. Returns
+    (first id, duplicate)."""
     keys = QueueKeys(name)
     import redis as redis_module
 
+    script_keys = [keys.info, keys.stream, keys.due, keys.delayed]
+    if producer is None:
+        script_keys.append(keys.dedupe_prefix + request_id)
+        sequenced = ""
+    else:
+        sequenced = f"0 {producer[1]} {producer[0]}"
     try:
-        first, duplicate = c.eval(
+        reply = c.eval(
             push_script(),
-            5,
-            keys.info,
-            keys.stream,
-            keys.due,
-            keys.delayed,
-            keys.dedupe_prefix + request_id,
+            len(script_keys),
+            *script_keys,
             int(dedupe_seconds * 1000),
             keys.notify_channel,
             "",  # due now
             "",  # never expires
             3,  # (payload, kind, headers) per message
-            "",  # no producer sequence
+            sequenced,
             *flat,
         )
     except redis_module.ResponseError as exc:
@@ -367,7 +372,7 @@ def push(
         if text.startswith("FULL"):
             raise RuntimeError(f"busmq queue {name!r} is full ({text})") from None
         raise
-    return int(first), bool(duplicate)
+    return int(reply[0]), bool(reply[1])
 
 
 def encode_row(

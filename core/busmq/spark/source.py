@@ -1,14 +1,17 @@
 """The ``busmq`` PySpark data source: batch and streaming reads, batch and streaming writes.
 
 Reads are non-destructive (XRANGE on the queue's stream, the replay semantics); writes
-run the core's push script, with a ``request_id`` per batch of rows that is the same in
-every attempt of a Spark task, so a retried task stores nothing twice.
+run the core's push script, each batch of rows numbered the same way in every attempt of
+a Spark task, so a retried task stores nothing twice: as an idempotent producer's push
+(no time window) in a streaming sink, else with a ``request_id`` (remembered for
+``dedupe_seconds``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -244,6 +247,7 @@ class WriteConfig:
     lease_seconds: float
     fail_after_rows: int | None
     streaming: bool = False
+    sequenced: bool = False
 
 
 def _write_config(
@@ -303,6 +307,7 @@ def _write_config(
         lease_seconds=ttl,
         fail_after_rows=_core.parse_int(options, "fail_after_rows", None, 1),
         streaming=streaming and write_id is None,
+        sequenced=streaming and write_id is None,
     )
 
 
@@ -315,23 +320,13 @@ class PushCommit(WriterCommitMessage):
 
 
 def _write_task(config: WriteConfig, rows: Iterator[Any]) -> PushCommit:
-    """Push the rows of one task in batches. Request ids are
-    ``spark-<job>-<micro-batch>-<partition>-<batch index>``: identical in every attempt of
-    the task, so the push script's dedupe keys make a retried task store each batch once.
-    ``<job>`` is option ``write_id`` if given, else the streaming query's id for a
-    streaming sink (so a micro-batch re-run after a restart is stored once too), else
-    an id drawn when the write was planned."""
+    """Push the rows of one task in batches, numbered the same in every attempt of the
+    task (see :func:`_numbering`), so a retried task stores each batch once."""
     from pyspark import TaskContext
 
     context = TaskContext.get()
-    partition = context.partitionId() if context else 0
     attempt = context.attemptNumber() if context else 0
-    job = config.job
-    micro_batch = "b"
-    if context is not None:
-        if config.streaming:
-            job = context.getLocalProperty("sql.streaming.queryId") or job
-        micro_batch = context.getLocalProperty("streaming.sql.batchId") or "b"
+    numbering = _numbering(config, context)
     if config.lease_member is not None:
         _core.attach(
             config.url,
@@ -348,8 +343,10 @@ def _write_task(config: WriteConfig, rows: Iterator[Any]) -> PushCommit:
 
         def flush() -> None:
             nonlocal flat, count, index
-            request_id = f"spark-{job}-{micro_batch}-{partition}-{index}"
-            _, duplicate = _core.push(client, config.queue, flat, request_id, config.dedupe_seconds)
+            request_id, producer = numbering(index)
+            _, duplicate = _core.push(
+                client, config.queue, flat, request_id, config.dedupe_seconds, producer
+            )
             if duplicate:
                 result.duplicates += 1
             else:
@@ -371,6 +368,50 @@ def _write_task(config: WriteConfig, rows: Iterator[Any]) -> PushCommit:
         if count:
             flush()
     return result
+
+
+MAX_BATCHES_PER_TASK = 2**20
+"""Push batches one task may write per micro-batch: a producer's sequence is
+``micro-batch * MAX_BATCHES_PER_TASK + batch index``."""
+
+
+def _numbering(
+    config: WriteConfig, context: Any
+) -> Callable[[int], tuple[str, tuple[str, int] | None]]:
+    """How the task's batch ``index`` is pushed: its request id, and in a streaming sink
+    its producer (name, sequence).
+
+    ``<job>`` is option ``write_id`` if given, else the streaming query's id for a
+    streaming sink, else an id drawn when the write was planned. A streaming sink (without
+    ``write_id``) pushes as producer ``spark:<digest of the query id>:<partition>``, its
+    sequence growing with the micro-batch and the batch index: a retried task, or a
+    micro-batch run again after the query restarted, is stored once however much later,
+    and each queue keeps one producer per partition of the query. Other writes use
+    request ids ``spark-<job>-<micro-batch>-<partition>-<index>``, remembered for
+    ``dedupe_seconds``: a one-off write (or a ``write_id`` per ``foreachBatch`` call)
+    would otherwise leave a producer behind in the queue for every write."""
+    partition = context.partitionId() if context else 0
+    job = config.job
+    micro_batch = "b"
+    if context is not None:
+        if config.streaming:
+            job = context.getLocalProperty("sql.streaming.queryId") or job
+        micro_batch = context.getLocalProperty("streaming.sql.batchId") or "b"
+    producer = f"spark:{hashlib.sha256(job.encode()).hexdigest()[:24]}:{partition}"
+    base = (int(micro_batch) if micro_batch.isdigit() else 0) * MAX_BATCHES_PER_TASK
+
+    def number(index: int) -> tuple[str, tuple[str, int] | None]:
+        request_id = f"spark-{job}-{micro_batch}-{partition}-{index}"
+        if not config.sequenced:
+            return request_id, None
+        if index >= MAX_BATCHES_PER_TASK:
+            raise RuntimeError(
+                f"busmq sink: more than {MAX_BATCHES_PER_TASK} push batches in one task; "
+                "raise option batch_size"
+            )
+        return request_id, (producer, base + index)
+
+    return number
 
 
 class BusWriter(DataSourceWriter):
