@@ -8,6 +8,7 @@ DC-B: another ``redis-server`` and a bus that federates A's queues through the p
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -49,8 +50,18 @@ class DatacenterA:
 
 @pytest.fixture
 async def dc_a(tmp_path: Path) -> AsyncIterator[DatacenterA]:
+    async with datacenter_a(tmp_path) as dc:
+        yield dc
+
+
+@contextlib.asynccontextmanager
+async def datacenter_a(
+    tmp_path: Path, gateway_env: dict[str, str] | None = None
+) -> AsyncIterator[DatacenterA]:
+    """DC-A's Redis, gateway (with ``gateway_env`` added to its environment), proxy
+    and bus, torn down on exit."""
     async with RedisServer(tmp_path / "a-redis") as redis:
-        gateway = GatewayProcess(redis.url, (SECRET,))
+        gateway = GatewayProcess(redis.url, (SECRET,), env=gateway_env)
         await gateway.start()
         proxy = TcpProxy(gateway.port)
         await proxy.start()

@@ -11,11 +11,7 @@ import pytest
 
 from busmq import Bus, Mode, ProducerFencedError
 from busmq.keys import QueueKeys
-from tests.conftest import fast_settings
-from tests.federation.conftest import SECRET, DatacenterA
-from tests.support.gateway_process import GatewayProcess
-from tests.support.redis_server import RedisServer
-from tests.support.tcp_proxy import TcpProxy
+from tests.federation.conftest import DatacenterA, datacenter_a
 from tests.support.waiting import eventually
 
 DEDUPE_SECONDS = 0.5
@@ -23,23 +19,10 @@ DEDUPE_SECONDS = 0.5
 
 @pytest.fixture
 async def dc_a(tmp_path: Path) -> AsyncIterator[DatacenterA]:
-    """DC-A as in conftest, with a gateway that remembers request ids for half a
-    second only."""
-    async with RedisServer(tmp_path / "a-redis") as redis:
-        gateway = GatewayProcess(
-            redis.url, (SECRET,), env={"BUSMQ_DEDUPE_SECONDS": str(DEDUPE_SECONDS)}
-        )
-        await gateway.start()
-        proxy = TcpProxy(gateway.port)
-        await proxy.start()
-        bus = Bus(fast_settings([redis.url]))
-        await bus.connect()
-        try:
-            yield DatacenterA(redis, gateway, proxy, bus)
-        finally:
-            await bus.close()
-            await proxy.stop()
-            await gateway.stop()
+    """DC-A with a gateway that remembers request ids for half a second only."""
+    env = {"BUSMQ_DEDUPE_SECONDS": str(DEDUPE_SECONDS)}
+    async with datacenter_a(tmp_path, gateway_env=env) as dc:
+        yield dc
 
 
 async def read_all(bus: Bus, name: str, count: int) -> list[bytes]:

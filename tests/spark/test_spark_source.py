@@ -241,29 +241,8 @@ async def test_bad_options_fail_before_any_job(spark: Any, shards: list[RedisSer
     sc.setLocalProperty("spark.jobGroup.id", None)
 
 
-def _pipe_once(spark: Any, urls: list[str], checkpoint: Path) -> None:
-    query = (
-        spark.readStream.format("busmq")
-        .option("redis_urls", ",".join(urls))
-        .option("queues", "src")
-        .option("max_rows_per_trigger", "400")
-        .load()
-        .select("payload", "headers")
-        .writeStream.format("busmq")
-        .option("redis_urls", ",".join(urls))
-        .option("queue", "dst")
-        .option("create", "true")
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination(60)
-    assert query.exception() is None
-
-
-def _pipe_with_retries(spark: Any, urls: list[str], checkpoint: Path, **options: str) -> None:
-    """The src -> dst pipe whose every task fails once after 100 rows (in push batches
-    of 50) and is retried, with request ids remembered for a millisecond only."""
+def _pipe_once(spark: Any, urls: list[str], checkpoint: Path, **sink_options: str) -> None:
+    """Stream queue ``src`` into ``dst`` until caught up (``sink_options`` added)."""
     writer = (
         spark.readStream.format("busmq")
         .option("redis_urls", ",".join(urls))
@@ -275,16 +254,20 @@ def _pipe_with_retries(spark: Any, urls: list[str], checkpoint: Path, **options:
         .option("redis_urls", ",".join(urls))
         .option("queue", "dst")
         .option("create", "true")
-        .option("batch_size", "50")
-        .option("fail_after_rows", "100")
-        .option("dedupe_seconds", "0.001")
         .option("checkpointLocation", str(checkpoint))
     )
-    for name, value in options.items():
+    for name, value in sink_options.items():
         writer = writer.option(name, value)
     query = writer.trigger(availableNow=True).start()
     query.awaitTermination(120)
     assert query.exception() is None
+
+
+def _pipe_with_retries(spark: Any, urls: list[str], checkpoint: Path, **options: str) -> None:
+    """The pipe with every task failing once after 100 rows (in push batches of 50) and
+    retried, and request ids remembered for a millisecond only."""
+    retried = {"batch_size": "50", "fail_after_rows": "100", "dedupe_seconds": "0.001"}
+    _pipe_once(spark, urls, checkpoint, **retried, **options)
 
 
 async def test_a_streaming_sink_stores_each_row_once_with_no_dedupe_window(
