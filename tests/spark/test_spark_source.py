@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from busmq import Bus, Mode
+from busmq import Bus, Mode, Retention
 from busmq.keys import QueueKeys
 from busmq.shard import shard_identity
 from busmq.sharding import rank
@@ -147,6 +148,48 @@ async def test_streaming_resumes_from_checkpoint_exactly_once(
     by_id = {(r.queue, r.id): r.payload for r in rows}
     assert by_id[("waves-a", 1)] == _expected_payload("waves-a", 0)
     assert by_id[("waves-a", 1800)] == _expected_payload("waves-a", 1799)
+
+
+def _stream_kept(spark: Any, urls: list[str], out: Path, checkpoint: Path, **options: str) -> Any:
+    """One availableNow run of queue ``kept`` into Parquet; returns the ended query."""
+    reader = spark.readStream.format("busmq").option("redis_urls", ",".join(urls))
+    for name, value in {"queues": "kept", **options}.items():
+        reader = reader.option(name, value)
+    query = (
+        reader.load()
+        .select("queue", "id", "payload")
+        .writeStream.format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    with contextlib.suppress(Exception):  # the query's own failure is in exception()
+        query.awaitTermination(120)
+    return query
+
+
+async def test_a_query_fails_when_retention_dropped_what_it_had_not_read(
+    spark: Any, shards: list[RedisServer], tmp_path: Path
+) -> None:
+    """Ids the retention trims while a query is stopped are data loss: the restarted
+    query fails and says so; with fail_on_data_loss=false it skips them and goes on."""
+    urls = [s.url for s in shards]
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    async with Bus(fast_settings(urls, default_ttl=600.0)) as bus:
+        kept = bus.queue("kept")
+        await kept.attach(ttl=600.0, retention=Retention(max_length=500), auto_renew=False)
+        await kept.push_batch([b"%d" % i for i in range(400)])
+        assert _stream_kept(spark, urls, out, checkpoint).exception() is None
+        await kept.push_batch([b"%d" % i for i in range(400, 1400)])  # ids 401..900 trimmed
+        failed = _stream_kept(spark, urls, out, checkpoint)
+        assert failed.exception() is not None
+        assert "ids 401 to 900 of queue 'kept'" in str(failed.exception())
+        assert "fail_on_data_loss=false" in str(failed.exception())
+        skipped = _stream_kept(spark, urls, out, checkpoint, fail_on_data_loss="false")
+        assert skipped.exception() is None
+    ids = sorted(r.id for r in spark.read.parquet(str(out)).collect())
+    assert ids == list(range(1, 401)) + list(range(901, 1401))
 
 
 async def test_write_with_task_retry_does_not_duplicate(

@@ -21,6 +21,8 @@ Batch only:
 Streaming only (offsets are ``{queue: last id read}``):
     starting              ``earliest`` (default, from id 1) or ``latest`` (new messages only)
     max_rows_per_trigger  at most this many ids per micro-batch over all queues (10000)
+    fail_on_data_loss     a streaming read fails when the queue's retention dropped ids
+                          the query had not read yet (true); false skips them, logged
 Write options (batch and streaming; columns ``payload`` binary/string, optional ``headers``):
     redis_urls, queue     the target queue; it must exist unless ``create=true``
     create, ttl           attach (create) the queue with a lease of ``ttl`` s (600)

@@ -187,6 +187,30 @@ def first_id(url: str, name: str) -> int | None:
     return int(head[0][0].split(b"-")[0]) if head else None
 
 
+def dropped_through(url: str, name: str) -> int:
+    """The highest id a replay reader of ``name`` can no longer read because the queue's
+    retention (or a flush) dropped it: the ids below the stream's first entry, or every
+    id issued when the stream is empty. 0 when nothing was dropped, and when it cannot
+    be told: a queue consumed destructively (its consumers delete what they take) or one
+    holding delayed messages (their ids are issued before they enter the stream)."""
+    keys = QueueKeys(name)
+    with client(url) as c:
+        pipe = c.pipeline(transaction=False)
+        pipe.hmget(keys.info, ["mode", "seq"])
+        pipe.exists(keys.delayed)
+        pipe.xrange(keys.stream, "-", "+", count=1)
+        (mode, seq), delayed, head = pipe.execute()
+    if mode == b"destructive" or delayed:
+        return 0
+    if head:
+        return int(head[0][0].split(b"-")[0]) - 1
+    return int(seq or 0)
+
+
+class DataLossError(RuntimeError):
+    """Messages a streaming query had not read yet were dropped by the queue's retention."""
+
+
 # -- reading ---------------------------------------------------------------------------
 
 

@@ -10,6 +10,7 @@ a Spark task, so a retried task stores nothing twice: as an idempotent producer'
 from __future__ import annotations
 
 import hashlib
+import logging
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -43,6 +44,8 @@ from pyspark.sql.types import (
 
 from . import _core
 from ._core import OptionError, Span
+
+log = logging.getLogger(__name__)
 
 SCHEMA = StructType(
     [
@@ -134,6 +137,7 @@ def _check_read_options(options: Mapping[str, str]) -> None:
         raise OptionError(f"option 'start_id' ({start}) is greater than 'end_id' ({end})")
     _core.parse_choice(options, "starting", ("earliest", "latest"))
     _core.parse_int(options, "max_rows_per_trigger", _core.DEFAULT_MAX_ROWS_PER_TRIGGER, 1)
+    _core.parse_bool(options, "fail_on_data_loss", True)
 
 
 class _Source:
@@ -186,6 +190,7 @@ class BusStreamReader(_Source, DataSourceStreamReader, SupportsTriggerAvailableN
             _core.parse_int(options, "max_rows_per_trigger", _core.DEFAULT_MAX_ROWS_PER_TRIGGER, 1)
             or 1
         )
+        self.fail_on_data_loss = _core.parse_bool(options, "fail_on_data_loss", True)
         super().__init__(options)
         self.target: dict[str, int] | None = None
 
@@ -218,8 +223,28 @@ class BusStreamReader(_Source, DataSourceStreamReader, SupportsTriggerAvailableN
         for queue in self.queues:
             if finish[queue] > begin[queue]:
                 url = self.locations[queue]
-                spans += _core.split(url, queue, begin[queue] + 1, finish[queue], self.chunk)
+                low = self._first_readable(url, queue, begin[queue])
+                spans += _core.split(url, queue, low, finish[queue], self.chunk)
         return _partitions(spans)
+
+    def _first_readable(self, url: str, queue: str, offset: int) -> int:
+        """The first id to read after ``offset``. If the queue's retention dropped ids
+        after it that this query had not read, that is data loss: an error, or with
+        ``fail_on_data_loss=false`` a warning and the read goes on after them. (Ids
+        dropped before a query started from ``earliest`` were never its to read.)"""
+        if offset == 0:
+            return 1
+        dropped = _core.dropped_through(url, queue)
+        if dropped <= offset:
+            return offset + 1
+        lost = f"ids {offset + 1} to {dropped} of queue {queue!r}"
+        if self.fail_on_data_loss:
+            raise _core.DataLossError(
+                f"{lost} were dropped by the queue's retention before this query read them; "
+                "set option fail_on_data_loss=false to skip what was dropped"
+            )
+        log.warning("busmq source: skipping %s, dropped by the queue's retention", lost)
+        return dropped + 1
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, SpanPartition)
