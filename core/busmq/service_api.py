@@ -369,8 +369,12 @@ class ServiceAPI:
             return
         self._closed = True
         self.stop_serving()
-        await asyncio.gather(*(run.done.wait() for run in tuple(self._runs)))
+        await self._serving_ended()
         await self._backend.close()
+
+    async def _serving_ended(self) -> None:
+        """Wait until every ``serve()`` of this object has returned."""
+        await asyncio.gather(*(run.done.wait() for run in tuple(self._runs)))
 
     async def __aenter__(self) -> Self:
         return self

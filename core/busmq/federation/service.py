@@ -110,12 +110,12 @@ class FederatedService(ServiceAPI, Linked):
     async def _release(self) -> None:
         """The manager closes: stop serving (finishing the requests in hand)."""
         self.stop_serving()
-        await asyncio.gather(*(run.done.wait() for run in tuple(self._runs)))
+        await self._serving_ended()
 
     async def _stop_local(self) -> None:
         self._closed = True
         self._remote.kill()
-        await asyncio.gather(*(run.done.wait() for run in tuple(self._runs)))
+        await self._serving_ended()
         await self._remote.close()
 
 
