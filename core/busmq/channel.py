@@ -201,7 +201,9 @@ class Channel(ChannelEnd):
             async for raw in consumer:
                 # nack(delay=...) and reject() go to the consumer (the end's own queue
                 # and its dead letters, "<queue>:dead").
-                delivery = Delivery(raw.message, raw.delivery_count, settle, raw._control)
+                delivery = Delivery(
+                    raw.message, raw.delivery_count, settle, raw._control, raw._forward
+                )
                 # Neither in the consumer nor in the inbox while the pump holds it: a
                 # disconnect must give it back too.
                 self._holding = delivery

@@ -24,7 +24,7 @@ from .consuming import Mode, check_consume_arguments, handle_each
 from .controls import RetryPolicy, Settlement
 from .errors import BusClosedError, BusError, UnknownMessageError
 from .events import Event, EventHub
-from .message import Delivery
+from .message import Delivery, ForwardTarget
 from .notifier import WakeUp
 
 log = logging.getLogger(__name__)
@@ -79,6 +79,12 @@ class ConsumerReader(Protocol):
     ) -> list[int]: ...
 
     async def release_pending(self, consumer: Consumer) -> int: ...
+
+    async def forward(
+        self, consumer: Consumer, message_id: int, target: ForwardTarget, items: Sequence[Any]
+    ) -> bool:
+        """Store ``items`` in ``target`` and ack ``message_id``, exactly once."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -412,6 +418,10 @@ class Consumer:
         unknown = await self.settle([message_id], settlement)
         if unknown:
             raise UnknownMessageError(self.queue.name, unknown)
+
+    async def forward(self, message_id: int, target: ForwardTarget, items: Sequence[Any]) -> bool:
+        """A delivery's ``forward()`` (see :meth:`Delivery.forward`)."""
+        return await self.reader.forward(self, message_id, target, items)
 
     def acking(self, message_id: int) -> bool:
         """Whether an ack of ``message_id`` is waiting or on its way."""

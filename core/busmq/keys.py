@@ -76,6 +76,8 @@ class QueueKeys:
     - ``buckets``: hash header value -> token bucket, for the per-key rate limit.
     - ``parked``: sorted set of the stream ids waiting in ``due`` for a retry, scored by
       position: they left the pending list, and must not be collected as consumed.
+    - ``outbox``: stream of the messages forwarded from this queue to a queue on
+      another server (see :mod:`busmq.forwarding`), until they are stored there.
 
     A dead-letter queue (``<name>:dead``) has the same hash tag as its queue.
     """
@@ -139,6 +141,10 @@ class QueueKeys:
     def parked(self) -> str:
         return f"{self.tag}:w"
 
+    @cached_property
+    def outbox(self) -> str:
+        return f"{self.tag}:o"
+
     def all(self) -> tuple[str, ...]:
         """The keys that expire together and are deleted together on close, in the order
         the scripts expect them."""
@@ -157,6 +163,7 @@ class QueueKeys:
             self.state,
             self.buckets,
             self.parked,
+            self.outbox,
         )
 
     @cached_property

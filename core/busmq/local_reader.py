@@ -40,7 +40,9 @@ from .consuming import LATEST, Mode, wait_for_wakeup
 from .controls import Settlement, settle
 from .errors import BusError, BusUnavailableError, ModeConflictError
 from .events import Event
-from .message import Delivery, decode_raw, int_to_stream_id
+from .forwarding import Forwarder
+from .message import Delivery, ForwardTarget, decode_raw, int_to_stream_id
+from .pushing import Item
 from .queue_store import QueueStore
 from .reads import GroupMissing, read_full, read_lean, read_replay
 
@@ -72,6 +74,7 @@ class LocalReader:
         self._due_in: float | None = None  # seconds until something is due (read script)
         self._lean = False  # the last full read said no control applies (see the module)
         self._lean_until = 0.0  # loop time after which the next read is a full one
+        self._forwarder: Forwarder | None = None  # made by the first forward
 
     async def open(self, consumer: Consumer) -> dict[str, Any]:
         """Fix the queue's mode (a conflict raises) and where replay starts."""
@@ -206,8 +209,10 @@ class LocalReader:
             if noack:
                 return [Delivery(decode_raw(eid, fields), 1, None) for eid, fields in entries]
             settle_one, control = consumer.settle_one, consumer.settle_other
+            forward = consumer.forward
             return [
-                Delivery(decode_raw(eid, fields), 1, settle_one, control) for eid, fields in entries
+                Delivery(decode_raw(eid, fields), 1, settle_one, control, forward)
+                for eid, fields in entries
             ]
         # Cleared before the read: a change announced while it runs marks it again.
         wake.recheck = False
@@ -220,12 +225,13 @@ class LocalReader:
         self._due_in = None if wait < 0 else wait / 1000
         settle_full = None if noack else consumer.settle_one
         control_full = None if noack else consumer.settle_other
+        forward_full = None if noack else consumer.forward
         deliveries = [
-            Delivery(decode_raw(eid, fields), int(times), settle_full, control_full)
+            Delivery(decode_raw(eid, fields), int(times), settle_full, control_full, forward_full)
             for eid, fields, times in retried
         ]
         deliveries.extend(
-            Delivery(decode_raw(eid, fields), 1, settle_full, control_full)
+            Delivery(decode_raw(eid, fields), 1, settle_full, control_full, forward_full)
             for eid, fields in entries
         )
         return deliveries
@@ -250,7 +256,8 @@ class LocalReader:
             held = consumer.read_ahead_ids()
             taken = [(m, n) for m, n in taken if m.id not in held and not consumer.acking(m.id)]
         settle_one, control = consumer.settle_one, consumer.settle_other
-        return [Delivery(message, times, settle_one, control) for message, times in taken]
+        forward = consumer.forward
+        return [Delivery(message, times, settle_one, control, forward) for message, times in taken]
 
     # -- settling -------------------------------------------------------------------
 
@@ -281,6 +288,15 @@ class LocalReader:
             settlement,
             retry_policy=consumer.retry_policy,
             max_deliveries=consumer.max_deliveries,
+        )
+
+    async def forward(
+        self, consumer: Consumer, message_id: int, target: ForwardTarget, items: Sequence[Item]
+    ) -> bool:
+        if self._forwarder is None:
+            self._forwarder = Forwarder(self.store)
+        return await self._forwarder.forward(
+            message_id, target, items, lambda: consumer.settle_one(message_id, True)
         )
 
     async def release_pending(self, consumer: Consumer) -> int:

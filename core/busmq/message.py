@@ -8,11 +8,11 @@ are never pickled.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol
 
 from .controls import Settlement, error_text
 from .errors import BusError, InvalidMessageError, MessageTooLargeError, UnknownMessageError
@@ -218,6 +218,27 @@ def int_to_stream_id(message_id: int) -> str:
     return f"{message_id}-0"
 
 
+class ForwardTarget(Protocol):
+    """A queue a delivery can be forwarded to: a :class:`~busmq.Queue` or a federated
+    queue (see :meth:`Delivery.forward`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    async def push_batch(self, items: Iterable[Any]) -> Any: ...
+
+    async def push_encoded(
+        self,
+        encoded: Sequence[EncodedMessage],
+        *,
+        producer: Any = None,
+        sequence: int | None = None,
+    ) -> Any: ...
+
+
+Forward = Callable[[int, ForwardTarget, Sequence[Any]], Awaitable[bool]]
+
+
 @dataclass(slots=True)
 class Delivery:
     """A message handed to a consumer, with what the consumer needs to settle it.
@@ -235,6 +256,7 @@ class Delivery:
     delivery_count: int = 1
     _settle: Callable[[int, bool], Awaitable[None]] | None = None
     _control: Callable[[int, Settlement], Awaitable[None]] | None = None
+    _forward: Forward | None = None
 
     @property
     def id(self) -> int:
@@ -294,6 +316,40 @@ class Delivery:
             raise BusError("this consumer cannot reject to a dead-letter queue")
         settlement = Settlement(reject=True, error=error_text(reason))
         return await _settled(self._control(self.message.id, settlement))
+
+    async def forward(
+        self, target: ForwardTarget, value: Payload, *, headers: Mapping[str, str] | None = None
+    ) -> bool:
+        """Store ``value`` in ``target`` and ack this delivery, exactly once: a crash or
+        an outage anywhere between leaves the delivery pending, and its redelivery's
+        ``forward`` stores nothing more, whatever its handler makes this time. The target
+        is a queue on this bus (the two are settled in one script when they live on the
+        same Redis server and it is not a cluster) or a federated queue; see "Exactly
+        once" in the README. Returns ``False`` if the delivery was settled already,
+        here or by a consumer that held it before: nothing is stored then.
+
+        In the other modes (nothing to settle) a plain push.
+
+        Raises:
+            QueueNotFoundError: the target does not exist (the delivery stays pending).
+            BusError: the delivery is a federated queue's (forward on the gateway's side).
+        """
+        return await self.forward_batch(target, [(value, headers) if headers else value])
+
+    async def forward_batch(self, target: ForwardTarget, items: Iterable[Any]) -> bool:
+        """:meth:`forward` for several messages (values or ``(value, headers)``
+        pairs, at most 1,000), stored together; none acks the delivery alone."""
+        batch = list(items)
+        if self._settle is None:
+            if batch:
+                await target.push_batch(batch)
+            return True
+        if self._forward is None:
+            raise BusError(
+                "forward() takes a delivery of a queue on this bus; "
+                "a federated queue's deliveries are pushed and acked"
+            )
+        return await self._forward(self.message.id, target, batch)
 
 
 async def _settled(settling: Awaitable[None]) -> bool:

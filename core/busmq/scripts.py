@@ -1,8 +1,10 @@
 """The Lua scripts that make multi-key queue operations atomic and single-round-trip.
 
 Each script touches only keys of one queue (one ``{name}`` hash tag), so it runs
-unchanged on Redis Cluster. The sources live in ``lua/``; ``prelude.lua`` holds
-helpers shared by all of them.
+unchanged on Redis Cluster; ``forward`` alone touches two queues, and is run only where
+both live on one server that is not a cluster. The sources live in ``lua/``:
+``prelude.lua`` holds helpers shared by all of them, ``push_lib.lua`` and ``ack_lib.lua``
+the parts of a push and an ack that ``forward`` does too.
 """
 
 from __future__ import annotations
@@ -16,10 +18,19 @@ from redis.commands.core import AsyncScript
 
 from .mux import MuxClient
 
+_PARTS = {
+    "push": ("push_lib", "push"),
+    "ack": ("ack_lib", "ack"),
+    "forward": ("push_lib", "ack_lib", "forward"),
+    "forward_out": ("ack_lib", "forward_out"),
+}
+"""Scripts made of shared parts besides the prelude, in order."""
+
 
 def _source(name: str, sharded_publish: bool) -> str:
     lua = resources.files(__package__) / "lua"
-    source = (lua / "prelude.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
+    parts = ("prelude", *_PARTS.get(name, (name,)))
+    source = "\n".join((lua / f"{part}.lua").read_text() for part in parts)
     if sharded_publish:  # a cluster's sharded channel of the queue's slot (Redis 7+)
         source = source.replace("redis.call('PUBLISH'", "redis.call('SPUBLISH'")
     return source
@@ -43,6 +54,8 @@ class Scripts:
         "promote",
         "controls",
         "leave",
+        "forward",
+        "forward_out",
     )
 
     def __init__(self, client: aioredis.Redis, *, sharded_publish: bool = False) -> None:

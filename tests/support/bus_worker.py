@@ -16,13 +16,22 @@ python bus_worker.py consume URL QUEUE OUT --settings JSON [--visibility S]
         U <id> <delivery count>     ``queue.ack`` raised UnknownMessageError
 
     SIGTERM stops the consumer; the worker finishes what it fetched and exits 0.
+
+python bus_worker.py forward URL QUEUE OUT --settings JSON --to-url URL2 --to QUEUE2
+                     [--visibility S] [--prefetch N]
+    A pipeline stage: consume QUEUE at-least-once and forward each delivery to QUEUE2
+    (on the Redis at URL2: the same server or another one) as the JSON object
+    ``{"src": id, "pid": pid, "first": delivery_count == 1}``. Appends ``D`` lines as
+    above and ``F <id> <delivery count> <forwarded: 1 or 0>`` after each forward.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
+import os
 import signal
 import time
 from typing import IO
@@ -70,12 +79,32 @@ async def consume(args: argparse.Namespace, out: IO[str]) -> None:
                     _line(out, f"A {delivery.id} {delivery.delivery_count}")
 
 
+async def forward(args: argparse.Namespace, out: IO[str]) -> None:
+    to_settings = dataclasses.replace(_settings(args), redis_urls=(args.to_url,))
+    async with Bus(_settings(args)) as bus, Bus(to_settings) as to_bus:
+        target = (bus if args.to_url == args.url else to_bus).queue(args.to)
+        queue = bus.queue(args.queue)
+        consumer = queue.consume(
+            Mode.AT_LEAST_ONCE, prefetch=args.prefetch, visibility_timeout=args.visibility
+        )
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, consumer.stop)
+        pid = os.getpid()
+        async with consumer:
+            async for delivery in consumer:
+                count = delivery.delivery_count
+                _line(out, f"D {delivery.id} {count} {time.time():.6f}")
+                value = {"src": delivery.id, "pid": pid, "first": count == 1}
+                forwarded = await delivery.forward(target, value)
+                _line(out, f"F {delivery.id} {count} {int(forwarded)}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="bus_worker")
     sub = parser.add_subparsers(dest="command", required=True)
     p_attach = sub.add_parser("attach")
     p_consume = sub.add_parser("consume")
-    for p in (p_attach, p_consume):
+    p_forward = sub.add_parser("forward")
+    for p in (p_attach, p_consume, p_forward):
         p.add_argument("url")
         p.add_argument("queue")
         p.add_argument("--settings", default="{}", help="BusSettings keyword overrides (JSON)")
@@ -84,9 +113,17 @@ def main(argv: list[str] | None = None) -> None:
     p_consume.add_argument("--visibility", type=float, default=1.0)
     p_consume.add_argument("--prefetch", type=int, default=20)
     p_consume.add_argument("--delay", type=float, default=0.0)
+    p_forward.add_argument("out")
+    p_forward.add_argument("--to-url", required=True)
+    p_forward.add_argument("--to", required=True)
+    p_forward.add_argument("--visibility", type=float, default=1.0)
+    p_forward.add_argument("--prefetch", type=int, default=20)
     args = parser.parse_args(argv)
     if args.command == "attach":
         asyncio.run(attach(args))
+    elif args.command == "forward":
+        with open(args.out, "a", buffering=1) as out:
+            asyncio.run(forward(args, out))
     else:
         with open(args.out, "a", buffering=1) as out:
             asyncio.run(consume(args, out))

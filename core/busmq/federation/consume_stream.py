@@ -46,7 +46,7 @@ from ..consuming import LATEST, Mode
 from ..controls import Settlement
 from ..errors import BusClosedError, BusError, UnknownMessageError
 from ..events import Event
-from ..message import Delivery
+from ..message import Delivery, ForwardTarget
 from ..v1 import queue_service_pb2 as pb
 from ..wire import MODE_TO_PROTO
 from .backoff import Backoff
@@ -289,6 +289,11 @@ class RemoteReader:
 
     async def release_pending(self, consumer: Consumer) -> int:
         raise BusError("release_pending applies to local consumers (the gateway does it)")
+
+    async def forward(
+        self, consumer: Consumer, message_id: int, target: ForwardTarget, items: Sequence[Any]
+    ) -> bool:
+        raise BusError("forward applies to deliveries of local queues")
 
     async def _nack(self, queue: str, consumer_id: str, ids: Sequence[int]) -> None:
         request = pb.NackRequest(queue=queue, consumer_id=consumer_id, ids=list(ids))

@@ -2,7 +2,7 @@
 -- KEYS: QueueKeys.with_dead_letters() (the queue's, then its dead-letter queue's)
 -- ARGV: member, lease_ms, ttl_ms ('' keeps), create, maxlen, maxage_ms, backlog ('' keeps, '0' clears)
 -- Returns {created (0/1), attachments}, or {-1, 0} if the queue is gone and create is off.
-local q, dq = queue_keys(KEYS, 1), queue_keys(KEYS, 11)
+local q, dq = queue_keys(KEYS, 1), queue_keys(KEYS, 1 + QUEUE_KEYS)
 local info, stream, meta, leases = q.info, q.stream, q.meta, q.leases
 local now = now_ms()
 local created = 0

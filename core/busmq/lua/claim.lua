@@ -4,7 +4,7 @@
 -- forget_idle_ms, max_deliveries ('' for the queue's), queue name.
 -- Returns a flat list: id, delivery count, fields, ... Also forgets consumers that have
 -- had nothing pending for forget_idle_ms (they are dead or long gone).
-local q, dq = queue_keys(KEYS, 1), queue_keys(KEYS, 11)
+local q, dq = queue_keys(KEYS, 1), queue_keys(KEYS, 1 + QUEUE_KEYS)
 local stream, consumer, min_idle = q.stream, ARGV[1], ARGV[2]
 local max_deliveries = tonumber(ARGV[5] ~= '' and ARGV[5] or redis.call('HGET', q.info, 'maxdel') or '')
 local now

@@ -65,10 +65,12 @@ end
 
 -- Processing controls (dead letters, retries, delayed messages). Scripts that use them
 -- get KEYS in QueueKeys.all() order, then the dead-letter queue's (with_dead_letters).
+local QUEUE_KEYS = 11
 local function queue_keys(keys, at)
   return {info = keys[at], stream = keys[at + 1], meta = keys[at + 2], leases = keys[at + 3],
     due = keys[at + 4], delayed = keys[at + 5], alias = keys[at + 6], state = keys[at + 7],
-    buckets = keys[at + 8], parked = keys[at + 9], all = {unpack(keys, at, at + 9)}}
+    buckets = keys[at + 8], parked = keys[at + 9], outbox = keys[at + 10],
+    all = {unpack(keys, at, at + QUEUE_KEYS - 1)}}
 end
 
 local function position(sid) return tonumber(string.match(sid, '^(%d+)')) end
@@ -80,7 +82,7 @@ end
 
 -- Forget what the controls kept about a settled stream entry.
 local function forget_state(q, sid, fields)
-  redis.call('HDEL', q.state, sid, 'f:' .. sid, 'e:' .. sid, 'l:' .. sid)
+  redis.call('HDEL', q.state, sid, 'f:' .. sid, 'e:' .. sid, 'l:' .. sid, 'w:' .. sid)
   local original = fields and field(fields, 'i')
   if original then redis.call('HDEL', q.alias, original) end
 end

@@ -9,7 +9,7 @@
 -- nothing here applies to the queue (no control set, nothing scheduled, no promoted
 -- message waiting): the consumer may then read with a plain XREADGROUP until told that
 -- this changed (a 'c' publication on the queue's channel, see notifier.py).
-local q, dq = queue_keys(KEYS, 1), queue_keys(KEYS, 11)
+local q, dq = queue_keys(KEYS, 1), queue_keys(KEYS, 1 + QUEUE_KEYS)
 local consumer, want, noack, name = ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1', ARGV[4]
 local conf = redis.call('HMGET', q.info, 'paused', 'rate', 'tk', 'tt', 'krate', 'expiring', 'expdrop')
 if conf[1] then return {{}, {}, -2} end

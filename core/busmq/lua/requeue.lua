@@ -4,7 +4,7 @@
 -- KEYS: QueueKeys.with_dead_letters() of the queue. ARGV: limit (0: none), then the
 -- dead-letter ids to move (none: every one, oldest first, up to limit).
 -- Returns the ids the messages have in the queue now.
-local q, dq = queue_keys(KEYS, 1), queue_keys(KEYS, 11)
+local q, dq = queue_keys(KEYS, 1), queue_keys(KEYS, 1 + QUEUE_KEYS)
 if redis.call('EXISTS', q.info) == 0 then return redis.error_reply('NOQUEUE queue does not exist') end
 local entries = {}
 if #ARGV > 1 then

@@ -7,7 +7,7 @@
 -- ('' for the queue's), error text, then ids.
 -- A retry of a delivery already made max_deliveries times dead-letters it instead.
 -- Returns the ids that were not pending.
-local q, dq = queue_keys(KEYS, 1), queue_keys(KEYS, 11)
+local q, dq = queue_keys(KEYS, 1), queue_keys(KEYS, 1 + QUEUE_KEYS)
 local op, name, consumer, error_text = ARGV[1], ARGV[2], ARGV[3], ARGV[6]
 local initial, factor, max_delay, jitter = string.match(ARGV[4], '^policy (%S+) (%S+) (%S+) (%S+)$')
 local function delay_after(count)

@@ -1,0 +1,90 @@
+-- Storing messages: the checks and the writes of push.lua, shared with forward.lua.
+-- A push's arguments start after ARGV[o]: dedupe_ms, notify channel, due (Unix ms, '+ms'
+-- from now by Redis's clock, '' now), expires (the same; '' never), the stride (1 or 3),
+-- the producer ('' or "<epoch> <sequence> <name>"), then per message its payload alone
+-- (plain bytes, no headers) or (payload, kind, headers). An entry has no 'k' field when
+-- its kind is plain bytes.
+-- A message due later keeps its id and waits in `delayed` until a read promotes it.
+-- Publishes the last id on the channel to wake idle consumers; 'c' instead for a message
+-- due later or expiring, which consumers read in full (see read.lua) from then on.
+
+local function push_count(o)
+  return (#ARGV - o - 6) / tonumber(ARGV[o + 5])
+end
+
+-- The queue's limits (maxlen, maxage, backlog), or nil and the error reply if n more
+-- messages would not fit.
+local function push_limits(info, stream, n)
+  local conf = redis.call('HMGET', info, 'maxlen', 'maxage', 'backlog')
+  if conf[3] and redis.call('XLEN', stream) + n > tonumber(conf[3]) then
+    return nil, redis.error_reply('FULL ' .. conf[3])
+  end
+  return conf
+end
+
+-- Store the n messages of the push whose arguments start after ARGV[o]; the first id.
+local function push_write(info, stream, due_key, delayed, conf, n, o)
+  local stride = tonumber(ARGV[o + 5])
+  local first = redis.call('HINCRBY', info, 'seq', n) - n + 1
+  local now = now_ms()
+  local stamp = string.format('%d', now)
+  local function absolute(spec)
+    if string.sub(spec, 1, 1) == '+' then return string.format('%d', now + tonumber(string.sub(spec, 2))) end
+    return spec
+  end
+  local due, expires = absolute(ARGV[o + 3]), absolute(ARGV[o + 4])
+  local delayed_push = due ~= '' and tonumber(due) > now
+  local start = o + 7
+  local function message(i)
+    local base = start + i * stride
+    if stride == 1 then return ARGV[base], 'b', '' end
+    return ARGV[base], ARGV[base + 1], ARGV[base + 2]
+  end
+  if delayed_push then
+    for i = 0, n - 1 do
+      local id = tostring(first + i)
+      local payload, kind, headers = message(i)
+      redis.call('HSET', delayed, id, cmsgpack.pack({payload, kind, stamp, headers, expires}))
+      redis.call('ZADD', due_key, due, 'p:' .. id)
+    end
+    local pttl = redis.call('PTTL', info)
+    if pttl > 0 then redis.call('PEXPIRE', delayed, pttl); redis.call('PEXPIRE', due_key, pttl) end
+  elseif stride == 1 and expires == '' then
+    for i = 0, n - 1 do
+      redis.call('XADD', stream, string.format('%d-0', first + i), 'p', ARGV[start + i], 't', stamp)
+    end
+  else
+    for i = 0, n - 1 do
+      local id = string.format('%d-0', first + i)
+      local payload, kind, headers = message(i)
+      if headers == '' and expires == '' then
+        if kind == 'b' then
+          redis.call('XADD', stream, id, 'p', payload, 't', stamp)
+        else
+          redis.call('XADD', stream, id, 'p', payload, 'k', kind, 't', stamp)
+        end
+      else
+        local args = {'XADD', stream, id, 'p', payload}
+        if kind ~= 'b' then args[#args + 1] = 'k'; args[#args + 1] = kind end
+        args[#args + 1] = 't'; args[#args + 1] = stamp
+        if headers ~= '' then args[#args + 1] = 'h'; args[#args + 1] = headers end
+        if expires ~= '' then args[#args + 1] = 'e'; args[#args + 1] = expires end
+        redis.call(unpack(args))
+      end
+    end
+  end
+  if expires ~= '' then redis.call('HSET', info, 'expiring', 1) end
+  if conf[1] then redis.call('XTRIM', stream, 'MAXLEN', conf[1]) end
+  if conf[2] then trim_age(stream, now - tonumber(conf[2])) end
+  if redis.call('PTTL', stream) == -1 then
+    -- The stream was recreated by XADD (e.g. it expired a moment before info did).
+    local pttl = redis.call('PTTL', info)
+    if pttl > 0 then redis.call('PEXPIRE', stream, pttl) end
+  end
+  if delayed_push or expires ~= '' then
+    redis.call('PUBLISH', ARGV[o + 2], 'c')
+  else
+    redis.call('PUBLISH', ARGV[o + 2], first + n - 1)
+  end
+  return first
+end
