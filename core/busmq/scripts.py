@@ -27,7 +27,8 @@ _PARTS = {
 """Scripts made of shared parts besides the prelude, in order."""
 
 
-def _source(name: str, sharded_publish: bool) -> str:
+def script_source(name: str, sharded_publish: bool = False) -> str:
+    """The full source of script ``name``: the prelude, its shared parts, its own."""
     lua = resources.files(__package__) / "lua"
     parts = ("prelude", *_PARTS.get(name, (name,)))
     source = "\n".join((lua / f"{part}.lua").read_text() for part in parts)
@@ -60,7 +61,8 @@ class Scripts:
 
     def __init__(self, client: aioredis.Redis, *, sharded_publish: bool = False) -> None:
         self._scripts: dict[str, AsyncScript] = {
-            name: client.register_script(_source(name, sharded_publish)) for name in self.NAMES
+            name: client.register_script(script_source(name, sharded_publish))
+            for name in self.NAMES
         }
 
     def source(self, name: str) -> tuple[str, str]:

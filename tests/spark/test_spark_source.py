@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
+import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -17,7 +20,9 @@ from busmq.shard import shard_identity
 from busmq.sharding import rank
 from busmq.spark._core import locate
 from tests.conftest import fast_settings
+from tests.support.processes import ROOT
 from tests.support.redis_server import RedisServer
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.spark
 
@@ -364,3 +369,60 @@ async def test_streaming_sink_queue_to_queue(
                 got.append((delivery.payload, dict(delivery.headers)))
     assert [g[0] for g in got] == [_expected_payload("src", i) for i in range(1000)]
     assert got[1][1] == {"n": "1"}
+
+
+@pytest.mark.slow
+async def test_a_streaming_query_killed_mid_batch_and_restarted_stores_each_row_once(
+    spark: Any, shards: list[RedisServer], tmp_path: Path
+) -> None:
+    """The query runs in a process of its own (``tests/support/spark_pipe.py``), its
+    micro-batches of 400 ids read in four partitions; it stalls on message 1,001, the
+    first of the third partition of its third micro-batch, once the first two (or
+    three) partitions of that micro-batch are pushed (two task slots); the process
+    group (driver, JVM, Python workers) is SIGKILLed there. The query restarted from its
+    checkpoint with the same partitioning runs the micro-batch again, with the same
+    producer sequences: every row is stored once."""
+    url = shards[0].url
+    await _push([url], ["src"], [range(2000)])
+    checkpoint, marker = tmp_path / "checkpoint", tmp_path / "stalled"
+    stall = _expected_payload("src", 1000).decode()
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.support.spark_pipe", url, str(checkpoint), stall, str(marker),
+        cwd=ROOT, start_new_session=True, stdout=asyncio.subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "core")},
+    )  # fmt: skip
+    try:
+        await eventually(marker.exists, timeout=120, interval=0.1, what="the query stalled")
+        os.killpg(child.pid, signal.SIGKILL)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+        await child.wait()
+    async with Bus(fast_settings([url])) as bus:
+        dst = bus.queue("dst")
+        await dst.attach(ttl=600.0)
+        at_kill = await dst.count()
+    assert 900 <= at_kill <= 1100, f"{at_kill} stored when killed: not mid micro-batch"
+    query = (
+        spark.readStream.format("busmq")
+        .options(redis_urls=url, queues="src", max_rows_per_trigger="400", partition_size="100")
+        .load()
+        .select("payload")
+        .writeStream.format("busmq")
+        .options(redis_urls=url, queue="dst", create="true", batch_size="50")
+        .option("dedupe_seconds", "0.001")  # request ids would not help: sequences do
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(120)
+    assert query.exception() is None
+    async with Bus(fast_settings([url])) as bus:
+        dst = bus.queue("dst")
+        await dst.attach(ttl=600.0)
+        async with dst.consume(Mode.REPLAY, from_id=0, max=2000) as consumer:
+            got = [delivery.payload async for delivery in consumer]
+        assert await dst.count() == 2000
+    # Each row once; partitions of a micro-batch are pushed side by side, so not in order.
+    assert sorted(got) == sorted(_expected_payload("src", i) for i in range(2000))
+    print(f"\nkilled with {at_kill} of 2000 rows stored; after the restart: 2000, each once")

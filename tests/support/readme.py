@@ -96,8 +96,28 @@ async def gateway_a(
         try:
             yield RemoteGateway(f"https://{gateway.target}", secret, ca.cert)
         finally:
-            pricing.stop_serving()
-            await serving
+            try:
+                pricing.stop_serving()
+                await serving
+            finally:
+                await gateway.stop()
+
+
+@pytest.fixture
+async def tls_gateway(tmp_path: Path) -> AsyncIterator[RemoteGateway]:
+    """A TLS gateway on a Redis of its own, and nothing of this process's event loop
+    in between (for recipes that block, such as Spark's)."""
+    (tmp_path / "pki").mkdir()
+    ca, server, _ = make_pki(tmp_path / "pki")
+    secret = "readme-example-secret-0123456789"
+    async with RedisServer(tmp_path / "redis") as redis:
+        gateway = GatewayProcess(
+            redis.url, (secret,), "--tls-cert", str(server.cert), "--tls-key", str(server.key)
+        )
+        await gateway.start()
+        try:
+            yield RemoteGateway(f"https://{gateway.target}", secret, ca.cert)
+        finally:
             await gateway.stop()
 
 

@@ -10,9 +10,16 @@ Columns: ``queue`` string, ``id`` long, ``payload`` binary, ``kind`` string
 (``bytes``/``text``/``json``), ``headers`` map<string,string>, ``timestamp`` timestamp,
 and ``json`` string (the payload text of JSON messages) with ``decode_json=true``.
 
-Read options (batch and streaming):
+Where the queues are (every read and write takes one of the two):
     redis_urls      comma-separated shard URLs, exactly the bus's list (placement is the
                     bus's rendezvous hashing, probing for queues that already exist)
+    gateway_url     a busmq gateway (``https://host:port``; ``http://`` to loopback, or
+                    with ``allow_plaintext=true``), for Spark clusters that cannot reach
+                    Redis; with ``secret`` and, for TLS, ``root_ca_file``,
+                    ``client_cert_file``, ``client_key_file``, ``server_name`` (the
+                    files are read in the driver). Request ids are then remembered for
+                    the gateway's ``BUSMQ_DEDUPE_SECONDS``.
+Read options (batch and streaming):
     queues          comma-separated queue names; each must exist
     decode_json     add the ``json`` column (default false)
     partition_size  ids per Spark partition (default 100000)
@@ -24,13 +31,15 @@ Streaming only (offsets are ``{queue: last id read}``):
     fail_on_data_loss     a streaming read fails when the queue's retention dropped ids
                           the query had not read yet (true); false skips them, logged
 Write options (batch and streaming; columns ``payload`` binary/string, optional ``headers``):
-    redis_urls, queue     the target queue; it must exist unless ``create=true``
+    queue                 the target queue; it must exist unless ``create=true``
     create, ttl           attach (create) the queue with a lease of ``ttl`` s (600)
     kind                  ``auto`` (binary -> bytes, string -> text), ``bytes``, ``text``, ``json``
     batch_size            messages per push (500), each with an idempotent request id
     dedupe_seconds        how long request ids are remembered (600, as BusSettings); a
                           streaming sink numbers its pushes as an idempotent producer
-                          per query and partition instead, with no time window
+                          per query and partition instead, with no time window (keep
+                          ``batch_size`` and the reader's ``partition_size`` when the
+                          query is restarted: the numbers depend on them)
     max_message_bytes     per-message limit (1 MiB, as BusSettings)
     write_id              stable id of this write in request ids (default: the streaming
                           query id for a streaming sink, else drawn per write); give one

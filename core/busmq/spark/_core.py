@@ -12,12 +12,12 @@ import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
-from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..cluster import sync_cluster_client
 from ..keys import QueueKeys, validate_name
 from ..message import F_HEADERS, F_KIND, F_PAYLOAD, F_TIME, PayloadKind
+from ..scripts import script_source
 from ..sentinel import sync_master_client
 from ..settings import mask_url
 from ..shard import shard_identity
@@ -214,18 +214,29 @@ class DataLossError(RuntimeError):
 # -- reading ---------------------------------------------------------------------------
 
 
+class PageSource(Protocol):
+    """Reads spans some other way than from Redis (a gateway, :mod:`._gateway`)."""
+
+    def read_pages(self, span: Span) -> Iterator[Page]: ...
+
+
 @dataclass(frozen=True)
 class Span:
-    """Ids ``low..high`` (inclusive) of one queue on one shard."""
+    """Ids ``low..high`` (inclusive) of one queue on one shard (or behind ``via``)."""
 
     url: str
     queue: str
     low: int
     high: int
+    via: PageSource | None = None
 
 
-def split(url: str, queue: str, low: int, high: int, chunk: int) -> list[Span]:
-    return [Span(url, queue, lo, min(lo + chunk - 1, high)) for lo in range(low, high + 1, chunk)]
+def split(
+    url: str, queue: str, low: int, high: int, chunk: int, via: PageSource | None = None
+) -> list[Span]:
+    return [
+        Span(url, queue, lo, min(lo + chunk - 1, high), via) for lo in range(low, high + 1, chunk)
+    ]
 
 
 @dataclass
@@ -242,6 +253,9 @@ class Page:
 
 def read_pages(span: Span) -> Iterator[Page]:
     """The messages of ``span`` in id order, a page (one XRANGE) at a time."""
+    if span.via is not None:
+        yield from span.via.read_pages(span)
+        return
     stream = QueueKeys(span.queue).stream
     low = span.low
     with client(span.url) as c:
@@ -314,15 +328,13 @@ def bounded_end(start: Mapping[str, int], latest: Mapping[str, int], budget: int
 
 @cache
 def push_script() -> str:
-    """The core's push script (prelude + push.lua), run unchanged by the writers."""
-    lua = resources.files("busmq") / "lua"
-    return (lua / "prelude.lua").read_text() + "\n" + (lua / "push.lua").read_text()
+    """The core's push script, run unchanged by the writers."""
+    return script_source("push")
 
 
 @cache
 def attach_script() -> str:
-    lua = resources.files("busmq") / "lua"
-    return (lua / "prelude.lua").read_text() + "\n" + (lua / "attach.lua").read_text()
+    return script_source("attach")
 
 
 def attach(

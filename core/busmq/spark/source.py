@@ -9,6 +9,7 @@ a Spark task, so a retried task stores nothing twice: as an idempotent producer'
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import uuid
@@ -44,6 +45,7 @@ from pyspark.sql.types import (
 
 from . import _core
 from ._core import OptionError, Span
+from ._gateway import Gateway
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +130,8 @@ def _partitions(spans: Sequence[Span]) -> list[InputPartition]:
 
 
 def _check_read_options(options: Mapping[str, str]) -> None:
-    _core.parse_urls(options)
+    if Gateway.from_options(options) is None:
+        _core.parse_urls(options)
     _core.parse_queues(options)
     _core.parse_int(options, "partition_size", _core.DEFAULT_CHUNK, 1)
     start = _core.parse_int(options, "start_id", None, 0)
@@ -141,17 +144,42 @@ def _check_read_options(options: Mapping[str, str]) -> None:
 
 
 class _Source:
-    """Options shared by the batch and the streaming reader, checked in the driver."""
+    """Options shared by the batch and the streaming reader, checked in the driver. The
+    queues are read on their Redis shards, or through a gateway (``gateway_url``)."""
 
     def __init__(self, options: Mapping[str, str]) -> None:
         self.decode_json = _core.parse_bool(options, "decode_json")
-        urls = _core.parse_urls(options)
         self.queues = _core.parse_queues(options)
         self.chunk = _core.parse_int(options, "partition_size", _core.DEFAULT_CHUNK, 1) or 1
-        self.locations = {q: _core.locate_existing(urls, q) for q in self.queues}
+        self.gateway = Gateway.from_options(options)
+        if self.gateway is None:
+            urls = _core.parse_urls(options)
+            self.locations = {q: _core.locate_existing(urls, q) for q in self.queues}
+        else:
+            for queue in self.queues:
+                self.gateway.require(queue)
+            self.locations = dict.fromkeys(self.queues, self.gateway.url)
 
     def last_ids(self) -> dict[str, int]:
-        return {q: _core.last_id(self.locations[q], q) for q in self.queues}
+        return {q: self._last_id(q) for q in self.queues}
+
+    def _last_id(self, queue: str) -> int:
+        if self.gateway is not None:
+            return self.gateway.last_id(queue)
+        return _core.last_id(self.locations[queue], queue)
+
+    def _first_id(self, queue: str) -> int | None:
+        if self.gateway is not None:
+            return self.gateway.first_id(queue)
+        return _core.first_id(self.locations[queue], queue)
+
+    def _dropped_through(self, queue: str) -> int:
+        if self.gateway is not None:
+            return self.gateway.dropped_through(queue)
+        return _core.dropped_through(self.locations[queue], queue)
+
+    def _spans(self, queue: str, low: int, high: int) -> list[Span]:
+        return _core.split(self.locations[queue], queue, low, high, self.chunk, self.gateway)
 
 
 class BusReader(_Source, DataSourceReader):
@@ -163,15 +191,15 @@ class BusReader(_Source, DataSourceReader):
         end = _core.parse_int(options, "end_id", None, 0)
         super().__init__(options)
         self.spans: list[Span] = []
-        for queue, url in self.locations.items():
-            first = _core.first_id(url, queue)
+        for queue in self.queues:
+            first = self._first_id(queue)
             if first is None:
                 continue
-            last = _core.last_id(url, queue)
+            last = self._last_id(queue)
             low = max(start or 1, first)
             high = last if end is None else min(end, last)
             if low <= high:
-                self.spans += _core.split(url, queue, low, high, self.chunk)
+                self.spans += self._spans(queue, low, high)
 
     def partitions(self) -> Sequence[InputPartition]:
         return _partitions(self.spans)
@@ -222,19 +250,18 @@ class BusStreamReader(_Source, DataSourceStreamReader, SupportsTriggerAvailableN
         spans: list[Span] = []
         for queue in self.queues:
             if finish[queue] > begin[queue]:
-                url = self.locations[queue]
-                low = self._first_readable(url, queue, begin[queue])
-                spans += _core.split(url, queue, low, finish[queue], self.chunk)
+                low = self._first_readable(queue, begin[queue])
+                spans += self._spans(queue, low, finish[queue])
         return _partitions(spans)
 
-    def _first_readable(self, url: str, queue: str, offset: int) -> int:
+    def _first_readable(self, queue: str, offset: int) -> int:
         """The first id to read after ``offset``. If the queue's retention dropped ids
         after it that this query had not read, that is data loss: an error, or with
         ``fail_on_data_loss=false`` a warning and the read goes on after them. (Ids
         dropped before a query started from ``earliest`` were never its to read.)"""
         if offset == 0:
             return 1
-        dropped = _core.dropped_through(url, queue)
+        dropped = self._dropped_through(queue)
         if dropped <= offset:
             return offset + 1
         lost = f"ids {offset + 1} to {dropped} of queue {queue!r}"
@@ -273,6 +300,7 @@ class WriteConfig:
     fail_after_rows: int | None
     streaming: bool = False
     sequenced: bool = False
+    gateway: Gateway | None = None
 
 
 def _write_config(
@@ -280,7 +308,8 @@ def _write_config(
 ) -> WriteConfig:
     if overwrite:
         raise OptionError("the busmq sink only appends: use mode('append')")
-    urls = _core.parse_urls(options)
+    gateway = Gateway.from_options(options)
+    urls = _core.parse_urls(options) if gateway is None else ()
     queues = _core.parse_queues(options, "queue")
     if len(queues) != 1:
         raise OptionError("option 'queue' names exactly one queue")
@@ -308,12 +337,16 @@ def _write_config(
     if write_id is not None and not 1 <= len(write_id) <= 100:
         raise OptionError("option 'write_id' must be 1-100 characters")
     job = write_id or uuid.uuid4().hex
-    url, exists = _core.locate(urls, queue)
     member = None
-    if create:
-        member = f"spark:{job}"
-        _core.attach(url, queue, member, ttl, ttl, create=True)
-    elif not exists:
+    if gateway is not None:
+        url, exists = gateway.url, gateway.attach(queue, ttl, create)
+        member = f"spark:{job}" if create else None
+    else:
+        url, exists = _core.locate(urls, queue)
+        if create:
+            member = f"spark:{job}"
+            _core.attach(url, queue, member, ttl, ttl, create=True)
+    if not exists and not create:
         raise OptionError(f"unknown queue {queue!r}: attach it first, or set option create=true")
     return WriteConfig(
         url=url,
@@ -333,6 +366,7 @@ def _write_config(
         fail_after_rows=_core.parse_int(options, "fail_after_rows", None, 1),
         streaming=streaming and write_id is None,
         sequenced=streaming and write_id is None,
+        gateway=gateway,
     )
 
 
@@ -353,25 +387,16 @@ def _write_task(config: WriteConfig, rows: Iterator[Any]) -> PushCommit:
     attempt = context.attemptNumber() if context else 0
     numbering = _numbering(config, context)
     if config.lease_member is not None:
-        _core.attach(
-            config.url,
-            config.queue,
-            config.lease_member,
-            config.lease_seconds,
-            config.lease_seconds,
-            create=False,
-        )
+        _renew(config)
     result = PushCommit(0, 0)
     flat: list[bytes | str] = []
     count = index = seen = 0
-    with _core.client(config.url) as client:
+    with _pusher(config) as push:
 
         def flush() -> None:
             nonlocal flat, count, index
             request_id, producer = numbering(index)
-            _, duplicate = _core.push(
-                client, config.queue, flat, request_id, config.dedupe_seconds, producer
-            )
+            _, duplicate = push(flat, request_id, producer)
             if duplicate:
                 result.duplicates += 1
             else:
@@ -393,6 +418,36 @@ def _write_task(config: WriteConfig, rows: Iterator[Any]) -> PushCommit:
         if count:
             flush()
     return result
+
+
+Push = Callable[[list[bytes | str], str, tuple[str, int] | None], tuple[int, bool]]
+
+
+def _renew(config: WriteConfig) -> None:
+    """Keep a queue the sink created alive for ``ttl`` more (see ``create``)."""
+    if config.gateway is not None:
+        config.gateway.attach(config.queue, config.lease_seconds, create=False)
+        return
+    assert config.lease_member is not None
+    ttl = config.lease_seconds
+    _core.attach(config.url, config.queue, config.lease_member, ttl, ttl, create=False)
+
+
+@contextlib.contextmanager
+def _pusher(config: WriteConfig) -> Iterator[Push]:
+    """Pushes of a batch's (payload, kind, headers) triples to the sink's queue, on its
+    Redis shard or through its gateway."""
+    gateway = config.gateway
+    if gateway is not None:
+        with gateway.stub() as stub:
+            yield lambda flat, request_id, producer: gateway.push(
+                stub, config.queue, flat, request_id, producer
+            )
+        return
+    with _core.client(config.url) as client:
+        yield lambda flat, request_id, producer: _core.push(
+            client, config.queue, flat, request_id, config.dedupe_seconds, producer
+        )
 
 
 MAX_BATCHES_PER_TASK = 2**20
