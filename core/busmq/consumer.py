@@ -81,9 +81,15 @@ class ConsumerReader(Protocol):
     async def release_pending(self, consumer: Consumer) -> int: ...
 
     async def forward(
-        self, consumer: Consumer, message_id: int, target: ForwardTarget, items: Sequence[Any]
+        self,
+        consumer: Consumer,
+        message_id: int,
+        target: ForwardTarget,
+        items: Sequence[Any],
+        settle: bool,
     ) -> bool:
-        """Store ``items`` in ``target`` and ack ``message_id``, exactly once."""
+        """Store ``items`` in ``target`` (and ack ``message_id`` if ``settle``), exactly
+        once."""
         ...
 
 
@@ -419,9 +425,12 @@ class Consumer:
         if unknown:
             raise UnknownMessageError(self.queue.name, unknown)
 
-    async def forward(self, message_id: int, target: ForwardTarget, items: Sequence[Any]) -> bool:
-        """A delivery's ``forward()`` (see :meth:`Delivery.forward`)."""
-        return await self.reader.forward(self, message_id, target, items)
+    async def forward(
+        self, message_id: int, target: ForwardTarget, items: Sequence[Any], settle: bool
+    ) -> bool:
+        """A delivery's ``forward()`` (see :meth:`Delivery.forward`); without ``settle``
+        the delivery stays pending (a service request, settled by its reply)."""
+        return await self.reader.forward(self, message_id, target, items, settle)
 
     def acking(self, message_id: int) -> bool:
         """Whether an ack of ``message_id`` is waiting or on its way."""

@@ -12,8 +12,8 @@ There are two ways, chosen per target:
 
   1. ``forward_out.lua``, in the source's slot, records the messages as an entry of the
      source's outbox stream, numbered by the source's outbox sequence, and notes the
-     entry against the delivery: a redelivery of the same message reuses it, whatever
-     its handler makes this time.
+     entry against the delivery and the target: a redelivery of the same message reuses
+     it, whatever its handler makes this time.
   2. The target's entries up to this one are pushed to the target in order, as an
      idempotent producer named after the outbox, each with its entry's number as its
      sequence (:mod:`busmq.pushing`): one stored already is a duplicate and stores
@@ -70,16 +70,18 @@ class Forwarder:
         message_id: int,
         target: ForwardTarget,
         items: Sequence[Item],
-        ack: Callable[[], Awaitable[None]],
+        ack: Callable[[], Awaitable[None]] | None,
     ) -> bool:
         """Store ``items`` in ``target`` and settle delivery ``message_id`` by ``ack``,
-        exactly once; ``False`` if the delivery was settled already (nothing stored)."""
+        exactly once; ``False`` if the delivery was settled already (nothing stored).
+        Without ``ack`` the delivery is settled later by its holder (a service request,
+        by its reply): once per delivery and target, through the outbox."""
         if len(items) > MAX_FORWARD:
             raise ValueError(f"a forward stores at most {MAX_FORWARD} messages")
         flat, count = flatten(items, self.source.bus.settings.max_message_bytes)
         if not count:
-            return await _acked(ack)
-        target_store = await self._same_server(target)
+            return True if ack is None else await _acked(ack)
+        target_store = None if ack is None else await self._same_server(target)
         if target_store is not None:
             return await self._in_one_step(message_id, target_store, flat, count)
         return await self._through_outbox(message_id, target, flat, count, ack)
@@ -159,7 +161,7 @@ class Forwarder:
         target: ForwardTarget,
         flat: list[Any],
         count: int,
-        ack: Callable[[], Awaitable[None]],
+        ack: Callable[[], Awaitable[None]] | None,
     ) -> bool:
         source = self.source
         keys = source.keys
@@ -194,7 +196,8 @@ class Forwarder:
             if not last:
                 break
             entries, last = await self._entries_after(last, own, label)
-        await _acked(ack)  # False: a redelivery was forwarded with the same entry, and acked
+        if ack is not None:
+            await _acked(ack)  # False: a redelivery was forwarded with the same entry, acked
         return True
 
     async def _entries_after(self, last: bytes, own: bytes, label: str) -> tuple[list[Any], bytes]:

@@ -291,13 +291,17 @@ class LocalReader:
         )
 
     async def forward(
-        self, consumer: Consumer, message_id: int, target: ForwardTarget, items: Sequence[Item]
+        self,
+        consumer: Consumer,
+        message_id: int,
+        target: ForwardTarget,
+        items: Sequence[Item],
+        settle: bool,
     ) -> bool:
         if self._forwarder is None:
             self._forwarder = Forwarder(self.store)
-        return await self._forwarder.forward(
-            message_id, target, items, lambda: consumer.settle_one(message_id, True)
-        )
+        ack = (lambda: consumer.settle_one(message_id, True)) if settle else None
+        return await self._forwarder.forward(message_id, target, items, ack)
 
     async def release_pending(self, consumer: Consumer) -> int:
         return await consumer_group.release_pending(self.store, consumer.name)

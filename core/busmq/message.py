@@ -236,7 +236,9 @@ class ForwardTarget(Protocol):
     ) -> Any: ...
 
 
-Forward = Callable[[int, ForwardTarget, Sequence[Any]], Awaitable[bool]]
+Forward = Callable[[int, ForwardTarget, Sequence[Any], bool], Awaitable[bool]]
+"""A consumer's forward of a delivery: its id, the target, the items, and whether to
+settle the delivery with it."""
 
 
 @dataclass(slots=True)
@@ -318,7 +320,12 @@ class Delivery:
         return await _settled(self._control(self.message.id, settlement))
 
     async def forward(
-        self, target: ForwardTarget, value: Payload, *, headers: Mapping[str, str] | None = None
+        self,
+        target: ForwardTarget,
+        value: Payload,
+        *,
+        headers: Mapping[str, str] | None = None,
+        ack: bool = True,
     ) -> bool:
         """Store ``value`` in ``target`` and ack this delivery, exactly once: a crash or
         an outage anywhere between leaves the delivery pending, and its redelivery's
@@ -328,15 +335,22 @@ class Delivery:
         once" in the README. Returns ``False`` if the delivery was settled already,
         here or by a consumer that held it before: nothing is stored then.
 
+        With ``ack=False`` the delivery stays pending for its holder to settle (forwards
+        to several targets, then an ack): the messages are stored once per delivery and
+        target, through the source queue's outbox.
+
         In the other modes (nothing to settle) a plain push.
 
         Raises:
             QueueNotFoundError: the target does not exist (the delivery stays pending).
             BusError: the delivery is a federated queue's (forward on the gateway's side).
         """
-        return await self.forward_batch(target, [(value, headers) if headers else value])
+        items = [(value, headers) if headers else value]
+        return await self.forward_batch(target, items, ack=ack)
 
-    async def forward_batch(self, target: ForwardTarget, items: Iterable[Any]) -> bool:
+    async def forward_batch(
+        self, target: ForwardTarget, items: Iterable[Any], *, ack: bool = True
+    ) -> bool:
         """:meth:`forward` for several messages (values or ``(value, headers)``
         pairs, at most 1,000), stored together; none acks the delivery alone."""
         batch = list(items)
@@ -349,7 +363,7 @@ class Delivery:
                 "forward() takes a delivery of a queue on this bus; "
                 "a federated queue's deliveries are pushed and acked"
             )
-        return await self._forward(self.message.id, target, batch)
+        return await self._forward(self.message.id, target, batch, ack)
 
 
 async def _settled(settling: Awaitable[None]) -> bool:

@@ -310,7 +310,7 @@ class LocalServiceBackend:
                         log.warning("service %s: malformed request #%d", self.name, delivery.id)
                         await delivery.ack()
                         continue
-                    request = Request(delivery.message, delivery.delivery_count)
+                    request = Request(delivery.message, delivery.delivery_count, delivery)
                     await run.dispatch(request, reply, unless_stopping=False)
                 # Stopped: the iteration drained what was fetched; finish those requests.
                 await run.finish_running()

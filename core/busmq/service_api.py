@@ -16,13 +16,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol, Self
 
 from .errors import BusClosedError, BusError, ServiceError
 from .events import Event, EventHub
-from .message import RESERVED_HEADER_PREFIX, Message, Payload, check_headers
+from .message import (
+    RESERVED_HEADER_PREFIX,
+    Delivery,
+    ForwardTarget,
+    Message,
+    Payload,
+    check_headers,
+)
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +48,22 @@ class Request:
 
     message: Message
     delivery_count: int = 1
+    _delivery: Delivery | None = field(default=None, repr=False, compare=False)
+
+    async def forward(
+        self, target: ForwardTarget, value: Payload, *, headers: Mapping[str, str] | None = None
+    ) -> bool:
+        """Store ``value`` in ``target`` once for this request, however often it is
+        handled (a handler that died before its reply is run again): the request is
+        settled by the reply, as always. ``False`` if the request was settled already.
+        A request served through a gateway cannot forward (``BusError``)."""
+        return await self.forward_batch(target, [(value, headers) if headers else value])
+
+    async def forward_batch(self, target: ForwardTarget, items: Iterable[Any]) -> bool:
+        """:meth:`forward` for several messages, stored together."""
+        if self._delivery is None:
+            raise BusError("forward() takes a request of a service on this bus")
+        return await self._delivery.forward_batch(target, items, ack=False)
 
     @property
     def data(self) -> Any:

@@ -6,13 +6,14 @@ tests/federation/test_forward.py)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from busmq import Bus, Mode, QueueNotFoundError
+from busmq import Bus, Mode, QueueNotFoundError, Request
 from busmq.channel import Channel
 from busmq.keys import QueueKeys
 from tests.support.redis_server import RedisServer
@@ -175,3 +176,55 @@ async def test_a_channel_delivery_forwards_and_is_not_redelivered(bus: Bus) -> N
         assert [d.data for d in await take(again, 1)] == ["after"]  # nothing came back
         assert await _stored(dst) == [0, 2, 4, 6, 8]
         await asyncio.gather(sender.disconnect(), again.disconnect())
+
+
+async def test_forwards_without_ack_store_once_per_target_until_the_delivery_is_acked(
+    bus: Bus, other_bus: Bus
+) -> None:
+    async with bus.queue("fw-fan") as src, bus.queue("fw-fan-a") as near:
+        far = other_bus.queue("fw-fan-b")
+        await far.attach()
+        await src.push("m")
+        async with src.consume(Mode.AT_LEAST_ONCE, visibility_timeout=0.3) as consumer:
+            first = await anext(consumer)
+            assert await first.forward(near, "to a", ack=False)
+            assert await first.forward(far, "to b", ack=False)
+            again = await anext(consumer)  # its lease ran out: the handler runs again
+            assert again.id == first.id
+            assert await again.forward(near, "to a, second run", ack=False)
+            assert await again.forward(far, "to b, second run", ack=False)
+            assert await again.ack()
+            assert not await first.forward(far, "late", ack=False)
+        assert await _stored(near) == ["to a"]
+        assert await _stored(far) == ["to b"]
+        assert (await src.info()).pending == 0
+
+
+async def test_a_service_request_forwards_once_however_often_it_is_handled(bus: Bus) -> None:
+    """The first handler forwards and never replies (its run is cancelled, which gives
+    the request back, as a handler process dying does after its lease); the second
+    handler's forward stores nothing more, and its reply settles the request."""
+    forwarded = asyncio.Event()
+    async with bus.queue("fw-audit") as audit, bus.service("fw-billing") as billing:
+
+        async def stalls(request: Request) -> Any:
+            await request.forward(audit, {"charged": request.data, "run": 1})
+            forwarded.set()
+            await asyncio.Event().wait()
+
+        async def answers(request: Request) -> Any:
+            assert request.redelivered
+            assert await request.forward(audit, {"charged": request.data, "run": 2})
+            return "ok"
+
+        first = asyncio.create_task(billing.serve(stalls, visibility_timeout=0.5))
+        reply = asyncio.create_task(billing.request(30, timeout=20))
+        await asyncio.wait_for(forwarded.wait(), 10)
+        first.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await first
+        second = asyncio.create_task(billing.serve(answers, visibility_timeout=0.5))
+        assert await reply == "ok"
+        billing.stop_serving()
+        await second
+        assert await _stored(audit) == [{"charged": 30, "run": 1}]

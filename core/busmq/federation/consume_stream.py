@@ -291,7 +291,12 @@ class RemoteReader:
         raise BusError("release_pending applies to local consumers (the gateway does it)")
 
     async def forward(
-        self, consumer: Consumer, message_id: int, target: ForwardTarget, items: Sequence[Any]
+        self,
+        consumer: Consumer,
+        message_id: int,
+        target: ForwardTarget,
+        items: Sequence[Any],
+        settle: bool,
     ) -> bool:
         raise BusError("forward applies to deliveries of local queues")
 

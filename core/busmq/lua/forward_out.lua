@@ -6,8 +6,9 @@
 -- if it has none yet, [5] the stride (1 or 3), then the messages (see push_lib.lua).
 -- An outbox entry is "<seq>-0" with fields t (the target's label), x (the stride) and a
 -- v per message argument; seq counts up per source queue (info 'oseq'), and info 'oid'
--- names the outbox (a producer in the targets). The delivery's entry is kept in state
--- field 'w:<stream id>' until it is acked: a redelivery reuses it.
+-- names the outbox (a producer in the targets). The delivery's entries are kept in state
+-- field 'w:<stream id>' ("<label> <seq> ..." , one per target) until it is acked: a
+-- redelivery reuses them.
 -- Deletes the label's entries known stored. Returns {seq, oid, the label's other entries
 -- up to seq, '' or the entry id where the look stopped short of seq (after 1000
 -- entries)}, or {-1} if the delivery is not pending (settled already: nothing recorded).
@@ -20,13 +21,17 @@ if through ~= '0-0' then
 end
 local sid = unsettled_sid(stream, alias, parked, ARGV[1])
 if not sid then return {-1} end
-local seq = redis.call('HGET', state, 'w:' .. sid)
+local noted = redis.call('HGET', state, 'w:' .. sid) or ''
+local seq
+for l, q in string.gmatch(noted, '(%S+) (%d+)') do
+  if l == label then seq = q end
+end
 if not seq then
   seq = redis.call('HINCRBY', info, 'oseq', 1)
   local entry = {'XADD', outbox, seq .. '-0', 't', ARGV[2], 'x', ARGV[5]}
   for i = 6, #ARGV do entry[#entry + 1] = 'v'; entry[#entry + 1] = ARGV[i] end
   redis.call(unpack(entry))
-  redis.call('HSET', state, 'w:' .. sid, seq)
+  redis.call('HSET', state, 'w:' .. sid, noted .. label .. ' ' .. seq .. ' ')
   local pttl = redis.call('PTTL', info)
   if pttl > 0 then redis.call('PEXPIRE', outbox, pttl); redis.call('PEXPIRE', state, pttl) end
 end
