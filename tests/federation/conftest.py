@@ -49,8 +49,10 @@ class DatacenterA:
 
 
 @pytest.fixture
-async def dc_a(tmp_path: Path) -> AsyncIterator[DatacenterA]:
-    async with datacenter_a(tmp_path) as dc:
+async def dc_a(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[DatacenterA]:
+    """DC-A; a test module's ``GATEWAY_ENV`` (a dict) is added to its gateway's
+    environment (e.g. a short ``BUSMQ_DEDUPE_SECONDS``)."""
+    async with datacenter_a(tmp_path, getattr(request.module, "GATEWAY_ENV", None)) as dc:
         yield dc
 
 

@@ -6,25 +6,16 @@ the other's entries too), DC-A stores one output per delivery."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
 from busmq import Bus, BusError, Mode
 from busmq.keys import QueueKeys
-from tests.federation.conftest import DatacenterA, MakeB, datacenter_a
+from tests.federation.conftest import DatacenterA, MakeB
 from tests.support.waiting import eventually
 
 DEDUPE_SECONDS = 0.5
-
-
-@pytest.fixture
-async def dc_a(tmp_path: Path) -> AsyncIterator[DatacenterA]:
-    """DC-A with a gateway that remembers request ids for half a second only."""
-    env = {"BUSMQ_DEDUPE_SECONDS": str(DEDUPE_SECONDS)}
-    async with datacenter_a(tmp_path, gateway_env=env) as dc:
-        yield dc
+GATEWAY_ENV = {"BUSMQ_DEDUPE_SECONDS": str(DEDUPE_SECONDS)}  # DC-A forgets request ids fast
 
 
 async def test_forwarding_across_a_long_cut_stores_each_output_once(

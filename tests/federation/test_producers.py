@@ -4,25 +4,15 @@ length is stored once, where a request id is only remembered for ``dedupe_second
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
-
 import pytest
 
 from busmq import Bus, Mode, ProducerFencedError
 from busmq.keys import QueueKeys
-from tests.federation.conftest import DatacenterA, datacenter_a
+from tests.federation.conftest import DatacenterA
 from tests.support.waiting import eventually
 
 DEDUPE_SECONDS = 0.5
-
-
-@pytest.fixture
-async def dc_a(tmp_path: Path) -> AsyncIterator[DatacenterA]:
-    """DC-A with a gateway that remembers request ids for half a second only."""
-    env = {"BUSMQ_DEDUPE_SECONDS": str(DEDUPE_SECONDS)}
-    async with datacenter_a(tmp_path, gateway_env=env) as dc:
-        yield dc
+GATEWAY_ENV = {"BUSMQ_DEDUPE_SECONDS": str(DEDUPE_SECONDS)}  # DC-A forgets request ids fast
 
 
 async def read_all(bus: Bus, name: str, count: int) -> list[bytes]:
