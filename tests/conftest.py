@@ -84,6 +84,14 @@ async def bus(shard_urls: list[str], make_bus: Callable[..., Any]) -> Bus:
 
 
 @pytest.fixture
+def spans() -> Iterator[Any]:
+    """OpenTelemetry's SDK recording in memory: the spans finished during the test."""
+    from tests.support.spans import recording
+
+    yield from recording()
+
+
+@pytest.fixture
 def collect_sentinel_leaks() -> Iterator[None]:
     """For tests that run buses on Sentinel shards: after the test, collect garbage with
     ResourceWarnings ignored. redis-py's asyncio Sentinel client can drop a connection to

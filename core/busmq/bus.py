@@ -26,6 +26,7 @@ from .settings import BusSettings
 from .shard import Shard, ShardState
 from .stats import ProcessCounters
 from .topology import is_cluster_url
+from .tracing import Tracing
 
 if TYPE_CHECKING:
     from .federation import FederatedQueue, FederationManager, FederationSettings
@@ -54,9 +55,18 @@ class Bus:
 
     Events (``bus.events``): ``online``, ``offline`` and ``error`` per shard, with the
     shard's URL (password masked) as source.
+
+    ``tracer_provider``: where the spans of ``BusSettings.tracing`` go (default:
+    OpenTelemetry's global provider).
     """
 
-    def __init__(self, settings: BusSettings | None = None, **overrides: Any) -> None:
+    def __init__(
+        self,
+        settings: BusSettings | None = None,
+        *,
+        tracer_provider: Any = None,
+        **overrides: Any,
+    ) -> None:
         if settings is None:
             settings = BusSettings(**overrides) if overrides else BusSettings.from_env()
         elif overrides:
@@ -70,6 +80,7 @@ class Bus:
         self.placement = Placement()
         self.attached: set[Lease] = set()
         self.counters = ProcessCounters()
+        self.tracing = Tracing(tracer_provider) if settings.tracing else None
         self._renewer: asyncio.Task[None] | None = None
         self._state = BusState.CREATED
         self.events.on(self._track_state)

@@ -106,6 +106,7 @@ class Channel(ChannelEnd):
             raise ValueError("ttl must be positive")
         super().__init__(name, local, remote, ttl)
         self._bus = bus
+        self.tracing = bus.tracing
         self._inbound: Queue | None = None
         self._outbound: Queue | None = None
         self._consumer: Consumer | None = None

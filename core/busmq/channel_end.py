@@ -9,7 +9,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Self
+from typing import TYPE_CHECKING, Self
 
 from .channel_protocol import ChannelState, Handler
 from .consuming import Mode, check_consume_arguments
@@ -17,6 +17,9 @@ from .errors import BusError, ChannelEndedError, ChannelStateError, InvalidNameE
 from .events import Event, EventHub
 from .inbox import Inbox
 from .message import Delivery
+
+if TYPE_CHECKING:
+    from .tracing import Tracing
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +45,9 @@ class ChannelEnd(abc.ABC):
         remote_connected: whether the last signal from the peer was a connect.
         events: channel events (see :class:`busmq.Channel`).
     """
+
+    tracing: Tracing | None = None
+    """Trace propagation (:mod:`busmq.tracing`): a handler runs in a span per message."""
 
     def __init__(self, name: str, local: str, remote: str, ttl: float | None) -> None:
         self.name = name
@@ -183,7 +189,11 @@ class ChannelEnd(abc.ABC):
             return
         self._emit("message", delivery=delivery)
         try:
-            await handler(delivery)
+            if self.tracing is None:
+                await handler(delivery)
+            else:
+                with self.tracing.process(self.name, delivery.message):
+                    await handler(delivery)
         except Exception:
             log.exception("channel %s handler failed on #%d", self.name, delivery.id)
             await self._settle_quietly(delivery, ack=False)

@@ -17,7 +17,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .acks import AckBatcher
 from .consuming import Mode, check_consume_arguments, handle_each
@@ -26,6 +26,9 @@ from .errors import BusClosedError, BusError, UnknownMessageError
 from .events import Event, EventHub
 from .message import Delivery, ForwardTarget
 from .notifier import WakeUp
+
+if TYPE_CHECKING:
+    from .tracing import Tracing
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +42,8 @@ class ConsumerHost(Protocol):
     """Messages this process's consumers of the queue handed out."""
     _consumers: set[Consumer]
     """The queue object's consumers that started and have not closed."""
+    tracing: Tracing | None
+    """Trace propagation: :meth:`Consumer.run` handles each delivery in a span."""
 
     async def ack(self, *ids: int) -> int: ...
 
@@ -370,7 +375,7 @@ class Consumer:
         """Call ``handler`` for every delivery until stopped. In at-least-once mode a
         delivery is acked when the handler returns and nacked when it raises."""
         async with self:
-            await handle_each(self, handler, self.queue.name)
+            await handle_each(self, handler, self.queue.name, self.queue.tracing)
 
     # -- acknowledgements (at-least-once) ----------------------------------------------
 

@@ -7,10 +7,13 @@ import asyncio
 import enum
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .controls import RetryPolicy
 from .message import Delivery
+
+if TYPE_CHECKING:
+    from .tracing import Tracing
 
 log = logging.getLogger(__name__)
 
@@ -63,12 +66,18 @@ async def handle_each(
     deliveries: AsyncIterator[Delivery],
     handler: Callable[[Delivery], Awaitable[Any]],
     queue: str,
+    tracing: Tracing | None = None,
 ) -> None:
     """Call ``handler`` for each delivery; ack when it returns, nack when it raises (both
-    are no-ops outside at-least-once). Shared by local and federated consumers."""
+    are no-ops outside at-least-once). Shared by local and federated consumers. With
+    ``tracing``, each call runs in a CONSUMER span (see :mod:`busmq.tracing`)."""
     async for delivery in deliveries:
         try:
-            await handler(delivery)
+            if tracing is None:
+                await handler(delivery)
+            else:
+                with tracing.process(queue, delivery.message):
+                    await handler(delivery)
         except Exception:
             log.exception("handler failed on %s #%d", queue, delivery.id)
             await delivery.nack()

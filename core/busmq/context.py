@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from .scripts import Scripts
     from .settings import BusSettings
     from .stats import ProcessCounters
+    from .tracing import Tracing
 
 
 class Lease(Protocol):
@@ -38,6 +39,8 @@ class BusContext(Protocol):
     """Queues attached through this bus, whose leases it renews."""
     counters: ProcessCounters
     """What this process pushed, delivered, acked... per queue (:mod:`busmq.stats`)."""
+    tracing: Tracing | None
+    """OpenTelemetry propagation, when ``BusSettings.tracing`` is on."""
 
     @property
     def closed(self) -> bool: ...

@@ -43,6 +43,7 @@ class Queue(QueueAPI[Never, Consumer]):
         """The queue's Redis side (for the gateway and tools; see :mod:`busmq.queue_store`)."""
         super().__init__(self.store.name)
         self._bus = bus
+        self.tracing = bus.tracing
         self._backend = self._local = LocalQueueBackend(self)
 
     def __repr__(self) -> str:

@@ -24,13 +24,16 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, Self, TypeVar
 from .consuming import LATEST, Mode
 from .errors import DurabilityError, UnknownMessageError
 from .events import Event, EventHub
+from .message import EncodedMessage
 from .pushing import Producer, PushOptions, PushResult, Sequenced
+from .tracing import with_headers
 
 if TYPE_CHECKING:
     from .controls import RateLimit, RetryPolicy
     from .durability import Durability
-    from .message import EncodedMessage, Payload
+    from .message import Payload
     from .pushing import Headers, Item
+    from .tracing import Tracing
 
 
 @dataclass(frozen=True)
@@ -176,6 +179,8 @@ class QueueAPI(Generic[Absent, C]):
     """
 
     _backend: QueueBackend[Absent, C]
+    tracing: Tracing | None = None
+    """Trace propagation (:mod:`busmq.tracing`), from the bus's settings."""
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -305,7 +310,10 @@ class QueueAPI(Generic[Absent, C]):
         options = PushOptions(
             request_id, durability, delay, at, ttl, expires_at, Sequenced.of(producer, sequence)
         )
-        result = await self._pushed(1, self._backend.push_items((item,), options))
+        if self.tracing is not None:
+            result = await self._traced(self.tracing, (item,), options, 1)
+        else:
+            result = await self._pushed(1, self._backend.push_items((item,), options))
         if isinstance(result, PushResult):
             return result.ids[0] if result.ids else 0
         return result
@@ -334,7 +342,10 @@ class QueueAPI(Generic[Absent, C]):
         options = PushOptions(
             request_id, durability, delay, at, ttl, expires_at, Sequenced.of(producer, sequence)
         )
-        result = await self._pushed(None, self._backend.push_items(items, options))
+        if self.tracing is not None:
+            result = await self._traced(self.tracing, items, options, None)
+        else:
+            result = await self._pushed(None, self._backend.push_items(items, options))
         return result.ids if isinstance(result, PushResult) else result
 
     async def push_encoded(
@@ -355,7 +366,25 @@ class QueueAPI(Generic[Absent, C]):
         options = PushOptions(
             request_id, durability, delay, at, ttl, expires_at, Sequenced.of(producer, sequence)
         )
+        if self.tracing is not None:
+            traced = await self._traced(self.tracing, encoded, options, len(encoded))
+            return traced
         return await self._pushed(len(encoded), self._backend.push_encoded(encoded, options))
+
+    async def _traced(
+        self, tracing: Tracing, items: Iterable[Item], options: PushOptions, count: int | None
+    ) -> PushResult | Absent:
+        """A push in a PRODUCER span, its context in every message's headers."""
+        batch = list(items)
+        with tracing.send(self.name, len(batch)) as (carrier, span):
+            traced = with_headers(batch, carrier)
+            if all(isinstance(item, EncodedMessage) for item in traced):
+                push = self._backend.push_encoded(traced, options)
+            else:
+                push = self._backend.push_items(traced, options)
+            result = await self._pushed(count, push)
+            tracing.sent(span, result.ids if isinstance(result, PushResult) else None)
+            return result
 
     async def _pushed(
         self, count: int | None, push: Awaitable[PushResult | Absent]

@@ -124,6 +124,7 @@ class Service(ServiceAPI):
         self.reply_prefix = f"{name}:replies:"
         self.reply_queue_name = f"{self.reply_prefix}{bus.client_id}.{next(self._instances)}"
         assert len(self.reply_queue_name) <= MAX_NAME_LENGTH
+        self.tracing = bus.tracing
         self._backend = self._local = LocalServiceBackend(self, bus)
 
     def __repr__(self) -> str:
@@ -220,6 +221,8 @@ class LocalServiceBackend:
         on its own, before it could fail the batch it would be pushed with."""
         correlation_id = uuid.uuid4().hex
         full = {**(headers or {}), REPLY_TO: self._reply_queue_name, CORRELATION_ID: correlation_id}
+        if self._bus.tracing is not None:
+            full = {**self._bus.tracing.current_headers(), **full}
         return correlation_id, encode(payload, full, self._bus.settings.max_message_bytes)
 
     def _value(self, message: Message) -> Any:

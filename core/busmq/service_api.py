@@ -18,7 +18,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Self
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
 from .errors import BusClosedError, BusError, ServiceError
 from .events import Event, EventHub
@@ -30,6 +30,9 @@ from .message import (
     Payload,
     check_headers,
 )
+
+if TYPE_CHECKING:
+    from .tracing import Tracing
 
 log = logging.getLogger(__name__)
 
@@ -142,8 +145,10 @@ class ServeRun:
         handler: Handler,
         concurrency: int,
         visibility_timeout: float,
+        tracing: Tracing | None = None,
     ) -> None:
         self.service = service
+        self.tracing = tracing
         self.events = events
         self.handler = handler
         self.concurrency = concurrency
@@ -182,7 +187,12 @@ class ServeRun:
 
     async def _handle(self, request: Request, reply: ReplySink) -> None:
         try:
-            await reply.finish(await self._answer(request, reply))
+            if self.tracing is None:
+                answered = await self._answer(request, reply)
+            else:
+                with self.tracing.process(self.service, request.message):
+                    answered = await self._answer(request, reply)
+            await reply.finish(answered)
         except asyncio.CancelledError:
             try:
                 await reply.give_back()
@@ -284,6 +294,9 @@ class ServiceAPI:
 
     _backend: ServiceBackend
 
+    tracing: Tracing | None = None
+    """Trace propagation (:mod:`busmq.tracing`): each handler runs in a span."""
+
     def __init__(self, name: str, timeout: float) -> None:
         self.name = name
         self.timeout = timeout
@@ -369,7 +382,9 @@ class ServiceAPI:
         if visibility_timeout <= 0:
             raise ValueError(f"visibility_timeout must be positive, got {visibility_timeout!r}")
         self._require_open()
-        run = ServeRun(self.name, self.events, handler, concurrency, visibility_timeout)
+        run = ServeRun(
+            self.name, self.events, handler, concurrency, visibility_timeout, self.tracing
+        )
         self._runs.add(run)
         try:
             await self._backend.serve(run)

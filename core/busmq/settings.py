@@ -54,6 +54,8 @@ class BusSettings:
         durability_timeout: how long a push waits for replicas or the fsync to confirm
             it before raising :class:`~busmq.errors.DurabilityError` (at most half the
             operation timeout).
+        tracing: OpenTelemetry trace propagation through message headers, with
+            producer and consumer spans (:mod:`busmq.tracing`; needs ``busmq[otel]``).
     """
 
     redis_urls: tuple[str, ...] = ()
@@ -70,6 +72,7 @@ class BusSettings:
     dedupe_seconds: float = 600.0
     durability: Durability = Durability.ASYNC
     durability_timeout: float = 1.0
+    tracing: bool = False
 
     def __post_init__(self) -> None:
         # A str (or any os.PathLike) is taken as a path, as most callers write it.
@@ -97,7 +100,7 @@ class BusSettings:
     def from_env(cls, environ: Mapping[str, str] | None = None) -> BusSettings:
         """Build settings from the environment: ``BUSMQ_REDIS_URLS`` (comma-separated),
         ``BUSMQ_DATA_DIR``, ``BUSMQ_DURABILITY``, and ``BUSMQ_<FIELD>`` for every numeric
-        field (for example ``BUSMQ_LEASE_SECONDS=5``)."""
+        field (for example ``BUSMQ_LEASE_SECONDS=5``), ``BUSMQ_TRACING`` (true/false)."""
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {}
         urls = split_urls(env.get("BUSMQ_REDIS_URLS", ""))
@@ -107,9 +110,14 @@ class BusSettings:
             values["data_dir"] = Path(env["BUSMQ_DATA_DIR"])
         if env.get("BUSMQ_DURABILITY"):
             values["durability"] = Durability.parse(env["BUSMQ_DURABILITY"])
+        tracing = env.get("BUSMQ_TRACING", "").strip().lower()
+        if tracing:
+            if tracing not in ("1", "true", "yes", "0", "false", "no"):
+                raise ValueError(f"BUSMQ_TRACING must be true or false, got {tracing!r}")
+            values["tracing"] = tracing in ("1", "true", "yes")
         for f in fields(cls):
             raw = env.get(f"BUSMQ_{f.name.upper()}")
-            if raw is None or f.name in ("redis_urls", "data_dir", "durability"):
+            if raw is None or f.name in ("redis_urls", "data_dir", "durability", "tracing"):
                 continue
             kind = int if f.type in (int, "int") else float
             try:

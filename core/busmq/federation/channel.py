@@ -64,6 +64,7 @@ from ..errors import (
 from ..events import Event
 from ..message import EncodedMessage, Payload, check_headers, encode
 from ..pushing import PushResult
+from ..tracing import with_encoded_headers
 from ..v1 import channel_service_pb2 as pb
 from ..v1 import channel_service_pb2_grpc as pb_grpc
 from ..v1 import queue_service_pb2 as queue_pb
@@ -110,6 +111,7 @@ class FederatedChannel(ChannelEnd):
         self.link = link
         self.reconnects = 0
         self._manager = manager
+        self.tracing = manager.bus.tracing
         self._request: pb.ConnectChannelRequest | None = None
         self._connection_id: str | None = None
         self._reader: asyncio.Task[None] | None = None
@@ -317,6 +319,9 @@ class FederatedChannel(ChannelEnd):
         self._require_connected()
         if not messages:
             return PushResult([], False)
+        if self.tracing is not None:
+            carrier = self.tracing.current_headers()
+            messages = [with_encoded_headers(m, carrier) for m in messages] if carrier else messages
         # As a local end does: a push into the peer's queue (so direct sends and the
         # outbox share one path, order and dedupe).
         request = queue_pb.PushRequest(

@@ -94,6 +94,7 @@ class FederatedQueue(QueueAPI[None, Consumer], Linked):
         super().__init__(validate_name(name))
         self.link = link
         self._manager = manager
+        self.tracing = manager.bus.tracing
         self._backend = self._remote = RemoteQueueBackend(self, manager, link)
 
     def __repr__(self) -> str:

@@ -92,6 +92,7 @@ class FederatedService(ServiceAPI, Linked):
     def __init__(self, manager: FederationContext, link: Link, service: Service) -> None:
         super().__init__(service.name, service.timeout)
         self.link = link
+        self.tracing = manager.bus.tracing
         self._backend = self._remote = RemoteServiceBackend(self, manager, link)
 
     def __repr__(self) -> str:
@@ -229,6 +230,9 @@ class RemoteServiceBackend:
         self, payload: Payload, headers: Mapping[str, str] | None
     ) -> types_pb2.OutgoingMessage:
         """The request as sent, refused here (as the local service does) if it cannot be."""
+        tracing = self._manager.bus.tracing
+        if tracing is not None:
+            headers = {**tracing.current_headers(), **(headers or {})}
         encoded = encode(payload, headers, self._manager.bus.settings.max_message_bytes)
         return types_pb2.OutgoingMessage(**outgoing([encoded])[0])
 

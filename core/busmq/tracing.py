@@ -1,0 +1,127 @@
+"""OpenTelemetry trace propagation (``pip install 'busmq[otel]'``, then
+``BusSettings(tracing=True)`` or ``BUSMQ_TRACING=1``).
+
+A push records a PRODUCER span ``send <queue>`` and writes the current trace context
+into each message's headers as W3C ``traceparent`` / ``tracestate`` (with the
+application's own headers; those two names are busmq's while tracing is on). Handling a
+message (``consumer.run``, a channel end's handler, a service handler) runs in a
+CONSUMER span ``process <queue>`` whose parent is the context its producer wrote, so one
+trace follows a message through gateways, the federation outbox (a trace spans a cut
+link), channels and request/reply, and into other languages' clients, which read the
+same headers. Attributes follow OpenTelemetry's messaging conventions
+(``messaging.system`` ``busmq``, ``messaging.destination.name``,
+``messaging.operation.type``, ``messaging.message.id``,
+``messaging.batch.message_count``).
+
+With tracing off (the default) nothing here is imported or called: a push checks one
+attribute. Spans go to whatever tracer provider the application set up; without an SDK,
+OpenTelemetry's API records nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from .errors import BusError
+from .message import EncodedMessage, Message
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
+TRACE_HEADERS = ("traceparent", "tracestate")
+"""The headers a traced push writes (W3C Trace Context)."""
+SYSTEM = "busmq"
+
+
+class Tracing:
+    """The bus's tracer, made when ``BusSettings.tracing`` is on."""
+
+    def __init__(self, provider: Any = None) -> None:
+        try:
+            from opentelemetry import propagate, trace
+        except ImportError:  # pragma: no cover - the extra is installed in tests
+            raise BusError("tracing needs OpenTelemetry's API: pip install 'busmq[otel]'") from None
+        self._propagate = propagate
+        self._kinds = trace.SpanKind
+        self._tracer = trace.get_tracer("busmq", tracer_provider=provider)
+
+    @contextmanager
+    def send(self, destination: str, count: int) -> Iterator[tuple[dict[str, str], Span]]:
+        """A PRODUCER span around a push of ``count`` messages to ``destination``; yields
+        the headers that carry its context, and the span."""
+        attributes: dict[str, Any] = {
+            "messaging.system": SYSTEM,
+            "messaging.destination.name": destination,
+            "messaging.operation.type": "send",
+            "messaging.operation.name": "send",
+        }
+        if count != 1:
+            attributes["messaging.batch.message_count"] = count
+        with self._tracer.start_as_current_span(
+            f"send {destination}", kind=self._kinds.PRODUCER, attributes=attributes
+        ) as span:
+            carrier: dict[str, str] = {}
+            self._propagate.inject(carrier)
+            yield carrier, span
+
+    def current_headers(self) -> dict[str, str]:
+        """The current context as headers (empty outside a span): what a service
+        request carries, so that its handler's span is a child of the requester's."""
+        carrier: dict[str, str] = {}
+        self._propagate.inject(carrier)
+        return carrier
+
+    @staticmethod
+    def sent(span: Span, ids: Sequence[int] | None) -> None:
+        """Note the id of a single message once stored (``None``: kept in an outbox)."""
+        if ids and len(ids) == 1:
+            span.set_attribute("messaging.message.id", str(ids[0]))
+
+    @contextmanager
+    def process(self, destination: str, message: Message) -> Iterator[Span]:
+        """A CONSUMER span for handling ``message`` of ``destination``, a child of the
+        context its producer wrote into its headers (a root span if none)."""
+        parent = self._propagate.extract(message.headers)
+        with self._tracer.start_as_current_span(
+            f"process {destination}",
+            context=parent,
+            kind=self._kinds.CONSUMER,
+            attributes={
+                "messaging.system": SYSTEM,
+                "messaging.destination.name": destination,
+                "messaging.operation.type": "process",
+                "messaging.operation.name": "process",
+                "messaging.message.id": str(message.id),
+            },
+        ) as span:
+            yield span
+
+
+def with_headers(items: Iterable[Any], carrier: Mapping[str, str]) -> list[Any]:
+    """Push items (values, ``(value, headers)`` pairs, encoded messages) with
+    ``carrier``'s headers added to each that carries no context yet (a service request,
+    or a message passed on, keeps the one it has)."""
+    if not carrier:
+        return list(items)
+    out: list[Any] = []
+    for item in items:
+        if isinstance(item, EncodedMessage):
+            out.append(with_encoded_headers(item, carrier))
+        elif isinstance(item, tuple):
+            value, headers = item
+            out.append((value, {**carrier, **(headers or {})}))
+        else:
+            out.append((item, dict(carrier)))
+    return out
+
+
+def with_encoded_headers(message: EncodedMessage, carrier: Mapping[str, str]) -> EncodedMessage:
+    headers = json.loads(message.headers) if message.headers else {}
+    if TRACE_HEADERS[0] in headers:
+        return message
+    headers.update(carrier)
+    encoded = json.dumps(headers, separators=(",", ":")).encode()
+    return EncodedMessage(message.payload, message.kind, encoded)
