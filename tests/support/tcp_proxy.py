@@ -80,6 +80,12 @@ class TcpProxy:
         except OSError:
             writer.transport.abort()  # upstream down: the client sees a reset
             return
+        if self._server is None:
+            # Cut while the upstream connection was being made: cut() did not see this
+            # one, and its wait_closed() waits for every accepted connection to end.
+            writer.transport.abort()
+            up_writer.transport.abort()
+            return
         self.connections += 1
         self._writers.update((writer, up_writer))
         pipes = [
