@@ -41,10 +41,15 @@ class Tracing:
 
     def __init__(self, provider: Any = None) -> None:
         try:
-            from opentelemetry import propagate, trace
+            from opentelemetry import trace
+            from opentelemetry.trace.propagation.tracecontext import (
+                TraceContextTextMapPropagator,
+            )
         except ImportError:  # pragma: no cover - the extra is installed in tests
             raise BusError("tracing needs OpenTelemetry's API: pip install 'busmq[otel]'") from None
-        self._propagate = propagate
+        # W3C Trace Context whatever the process's global propagator: the headers are
+        # the wire contract every client reads.
+        self._propagate = TraceContextTextMapPropagator()
         self._kinds = trace.SpanKind
         self._tracer = trace.get_tracer("busmq", tracer_provider=provider)
 

@@ -1,9 +1,11 @@
 """A request handler process for tests/core/test_service.py.
 
-``python -m tests.support.service_worker <urls-json> <service>`` serves until
+``python -m tests.support.service_worker <urls-json> <service> [traced]`` serves until
 terminated and prints ``{"event": "serving", "pid": ...}`` once it takes requests.
-Requests are ``{"op": ..., ...}``:
+With ``traced``, tracing is on (OpenTelemetry's SDK records the spans). Requests are
+``{"op": ..., ...}``:
 
+- ``trace``: replies the handler span's trace id, span id and parent span id (hex);
 - ``double``: replies ``{"n": n, "double": 2 n, "pid": pid}`` after a short pause;
 - ``count``: streams ``0 .. to - 1`` then ends;
 - ``stall-once``: on first delivery prints ``{"event": "stalling"}`` and never
@@ -13,6 +15,7 @@ Requests are ``{"op": ..., ...}``:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import sys
@@ -43,8 +46,22 @@ async def stall_once(request: Request) -> dict[str, Any]:
     return {"delivery_count": request.delivery_count, "pid": os.getpid()}
 
 
+async def span_ids(request: Request) -> dict[str, str]:
+    from opentelemetry import trace
+
+    span = trace.get_current_span()
+    parent = getattr(span, "parent", None)
+    return {
+        "trace_id": f"{span.get_span_context().trace_id:032x}",
+        "span_id": f"{span.get_span_context().span_id:016x}",
+        "parent_id": f"{parent.span_id:016x}" if parent is not None else "",
+    }
+
+
 def handler(request: Request) -> Any:
     op = request.data["op"]
+    if op == "trace":
+        return span_ids(request)
     if op == "count":
         return count(request)
     return stall_once(request) if op == "stall-once" else double(request)
@@ -52,7 +69,14 @@ def handler(request: Request) -> Any:
 
 async def main() -> None:
     urls, name = json.loads(sys.argv[1]), sys.argv[2]
-    async with Bus(helper_settings(urls)) as bus, Service(bus, name) as service:
+    settings = helper_settings(urls)
+    provider = None
+    if sys.argv[3:] == ["traced"]:
+        from opentelemetry.sdk.trace import TracerProvider
+
+        settings, provider = dataclasses.replace(settings, tracing=True), TracerProvider()
+    bus = Bus(settings, tracer_provider=provider)
+    async with bus, Service(bus, name) as service:
 
         def report(event: Event) -> None:
             if event.kind == "serving":

@@ -13,6 +13,7 @@ import { PushStreamer } from "./push_stream.js";
 import { PushCoalescer } from "./pushes.js";
 import { QueueHandle } from "./queue.js";
 import { ServiceHandle } from "./service.js";
+import { Tracing, type TracingOptions } from "./tracing.js";
 
 export interface BusClientOptions {
   /** The gateway: "https://gateway-a:8443" (TLS) or "http://127.0.0.1:8443" (plaintext). */
@@ -29,6 +30,10 @@ export interface BusClientOptions {
   /** Accept "http://" to a host that is not loopback: the secret then crosses the
    * network in cleartext, so only behind a TLS-terminating proxy or mesh. */
   allowPlaintext?: boolean;
+  /** OpenTelemetry propagation: pushes and requests carry the trace context in W3C
+   * headers, in PRODUCER spans; service handlers and `delivery.traced()` run in
+   * CONSUMER spans under it (`true`: the global tracer provider). */
+  tracing?: boolean | TracingOptions;
 }
 
 /** A client of one busmq gateway. Close it to release its attachments. */
@@ -44,6 +49,8 @@ export class BusClient {
   readonly pushes: PushCoalescer;
   /** The client's PushStream. */
   readonly stream: PushStreamer;
+  /** Trace propagation, when the `tracing` option is on. */
+  readonly tracing: Tracing | undefined;
   private readonly handles = new Set<QueueHandle>();
 
   constructor(options: BusClientOptions) {
@@ -81,6 +88,8 @@ export class BusClient {
     this.channels = createClient(ChannelService, transport);
     this.pushes = new PushCoalescer(this);
     this.stream = new PushStreamer(this);
+    const tracing = options.tracing;
+    this.tracing = tracing ? new Tracing(tracing === true ? {} : tracing) : undefined;
   }
 
   /** A handle on queue `name` (attach it to create it). */

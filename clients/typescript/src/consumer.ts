@@ -60,6 +60,16 @@ export class Delivery {
   ack(): Promise<void> {
     return this.consumer.ack(this.id);
   }
+
+  /** Run `fn` (the handling of this message) in a CONSUMER span whose parent is the
+   * context the message carries, when the client traces; else just run it. */
+  traced<T>(fn: () => Promise<T>): Promise<T> {
+    const tracing = this.consumer.queue.client.tracing;
+    if (tracing === undefined) {
+      return fn();
+    }
+    return tracing.process(this.consumer.queue.name, this.message.headers, this.id, fn);
+  }
 }
 
 export class Consumer implements AsyncIterable<Delivery> {
@@ -79,7 +89,7 @@ export class Consumer implements AsyncIterable<Delivery> {
   private flushing: Promise<void> | undefined;
 
   constructor(
-    private readonly queue: QueueHandle,
+    readonly queue: QueueHandle,
     private readonly options: ConsumeOptions,
     private readonly onStop: () => void,
   ) {}

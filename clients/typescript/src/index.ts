@@ -20,3 +20,4 @@ export {
   type ServeOptions,
   ServiceHandle,
 } from "./service.js";
+export { Tracing, type TracingOptions } from "./tracing.js";

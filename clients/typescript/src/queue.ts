@@ -128,6 +128,16 @@ export class QueueHandle {
   /** Push messages atomically and in order; returns their ids. Retried with the same
    * request id while the gateway is unavailable, so it is stored once. */
   async pushBatch(payloads: Payload[], options: PushOptions = {}): Promise<bigint[]> {
+    const tracing = this.client.tracing;
+    if (tracing !== undefined) {
+      return tracing.send(this.name, payloads.length, (carrier) =>
+        this.store(payloads, { ...options, headers: { ...carrier, ...options.headers } }),
+      );
+    }
+    return this.store(payloads, options);
+  }
+
+  private async store(payloads: Payload[], options: PushOptions): Promise<bigint[]> {
     const request = {
       queue: this.name,
       messages: payloads.map((p) => encode(p, options.headers)),

@@ -47,7 +47,7 @@ export class ServiceHandle {
         this.client.requests.call(
           {
             service: this.name,
-            request: encode(payload, options.headers),
+            request: encode(payload, this.headers(options.headers)),
             timeout: duration(timeoutMs / 1000),
           },
           o,
@@ -64,7 +64,7 @@ export class ServiceHandle {
   async *requestStream(payload: Payload, options: RequestOptions = {}): AsyncIterable<Payload> {
     const stream = this.client.requests.callStream({
       service: this.name,
-      request: encode(payload, options.headers),
+      request: encode(payload, this.headers(options.headers)),
       timeout: duration((options.timeoutMs ?? 30_000) / 1000),
     });
     try {
@@ -76,6 +76,12 @@ export class ServiceHandle {
     } catch (error) {
       throw toBusError(error);
     }
+  }
+
+  /** A request's headers, with the requester's trace context when the client traces. */
+  private headers(headers: Record<string, string> | undefined): Record<string, string> | undefined {
+    const tracing = this.client.tracing;
+    return tracing === undefined ? headers : { ...tracing.current(), ...headers };
   }
 
   /** Handle requests until `stop()`: a stream that resumes after it breaks. */
@@ -125,7 +131,12 @@ export class Server {
             backoff = 100;
           } else if (event.case === "request" && event.value.message !== undefined) {
             const { requestId, message, deliveryCount } = event.value;
-            const task = this.answer(requestId, { message, data: decode(message), deliveryCount });
+            const request = { message, data: decode(message), deliveryCount };
+            const tracing = client.tracing;
+            const task =
+              tracing === undefined
+                ? this.answer(requestId, request)
+                : tracing.process(name, message.headers, message.id, () => this.answer(requestId, request));
             this.running.add(task);
             void task.finally(() => this.running.delete(task));
           }

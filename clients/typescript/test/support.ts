@@ -109,10 +109,12 @@ export class Deployment {
   }
 
   /** A Python process serving `service` on the same Redis (tests/support/service_worker.py:
-   * ops "double" and "count"); stopped with the deployment. */
-  async startPythonHandler(service: string): Promise<void> {
+   * ops "double", "count" and "trace"; `traced`: with tracing on); stopped with the
+   * deployment. */
+  async startPythonHandler(service: string, traced = false): Promise<void> {
     const urls = JSON.stringify([`redis://127.0.0.1:${this.redisPort}`]);
-    const handler = spawn(PYTHON, ["-m", "tests.support.service_worker", urls, service], {
+    const args = ["-m", "tests.support.service_worker", urls, service, ...(traced ? ["traced"] : [])];
+    const handler = spawn(PYTHON, args, {
       cwd: ROOT,
       stdio: ["ignore", "pipe", "inherit"],
     });

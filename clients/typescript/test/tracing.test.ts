@@ -1,0 +1,89 @@
+// Trace propagation: a traced push's context travels in the message's W3C headers and a
+// handling span is its child; a request from TypeScript to a Python handler is one trace.
+
+import assert from "node:assert/strict";
+import { describe, test } from "node:test";
+import { context, trace } from "@opentelemetry/api";
+import { AsyncLocalStorageContextManager } from "@opentelemetry/context-async-hooks";
+import {
+  BasicTracerProvider,
+  InMemorySpanExporter,
+  type ReadableSpan,
+  SimpleSpanProcessor,
+} from "@opentelemetry/sdk-trace-base";
+import { BusClient } from "../src/index.js";
+import { liveGateway } from "./support.js";
+
+context.setGlobalContextManager(new AsyncLocalStorageContextManager().enable());
+const exporter = new InMemorySpanExporter();
+const provider = new BasicTracerProvider({ spanProcessors: [new SimpleSpanProcessor(exporter)] });
+const app = provider.getTracer("app");
+
+function only(name: string): ReadableSpan {
+  const spans = exporter.getFinishedSpans().filter((span) => span.name === name);
+  assert.equal(spans.length, 1, `one span ${name}, got ${spans.length}`);
+  return spans[0] as ReadableSpan;
+}
+
+function parentId(span: ReadableSpan): string | undefined {
+  return span.parentSpanContext?.spanId;
+}
+
+describe("tracing through a live gateway", () => {
+  const live = liveGateway();
+  const traced = () => {
+    const { deployment } = live();
+    return new BusClient({ url: deployment.url, secret: deployment.secret, tracing: { tracerProvider: provider } });
+  };
+
+  test("a handled message is a child of its push, in the same trace", async () => {
+    const client = traced();
+    try {
+      const queue = client.queue("ts-traced");
+      await queue.attach();
+      const checkout = await app.startActiveSpan("checkout", async (span) => {
+        await queue.push({ order: 1 }, { headers: { tenant: "a" } });
+        span.end();
+        return span;
+      });
+      const consumer = queue.consume({ mode: "at-least-once" });
+      for await (const delivery of consumer) {
+        assert.equal(delivery.headers.tenant, "a");
+        assert.match(delivery.headers.traceparent ?? "", /^00-[0-9a-f]{32}-[0-9a-f]{16}-01$/);
+        await delivery.traced(async () => {
+          assert.equal(trace.getActiveSpan()?.spanContext().traceId, checkout.spanContext().traceId);
+        });
+        await delivery.ack();
+        break;
+      }
+      await consumer.stop();
+      const send = only("send ts-traced");
+      const process = only("process ts-traced");
+      assert.equal(parentId(send), checkout.spanContext().spanId);
+      assert.equal(parentId(process), send.spanContext().spanId);
+      assert.equal(send.attributes["messaging.system"], "busmq");
+      assert.equal(process.attributes["messaging.operation.type"], "process");
+    } finally {
+      await client.close();
+    }
+  });
+
+  test("a request to a Python handler is one trace: its span is a child of the requester's", async () => {
+    const { deployment } = live();
+    await deployment.startPythonHandler("py-traced", true);
+    const client = traced();
+    try {
+      const service = client.service("py-traced");
+      const [quote, reply] = await app.startActiveSpan("quote", async (span) => {
+        const answer = (await service.request({ op: "trace" }, { timeoutMs: 10_000 })) as Record<string, string>;
+        span.end();
+        return [span, answer] as const;
+      });
+      assert.equal(reply.trace_id, quote.spanContext().traceId);
+      assert.equal(reply.parent_id, quote.spanContext().spanId);
+      assert.notEqual(reply.span_id, quote.spanContext().spanId);
+    } finally {
+      await client.close();
+    }
+  });
+});
