@@ -28,11 +28,14 @@ if $dev && ! command -v chromium >/dev/null 2>&1; then need_apt+=(chromium); fi
 node_ok() { command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 \
   && node -e 'const [a, b] = process.versions.node.split(".").map(Number); process.exit(a > 18 || (a === 18 && b >= 14) ? 0 : 1)'; }
 if $dev && ! node_ok; then need_apt+=(nodejs npm); fi
-# The Go client: Debian's Go toolchain, grpc-go and the two protoc plugins (no module proxy).
+# The Go client: Debian's Go toolchain, grpc-go, OpenTelemetry and the two protoc plugins
+# (no module proxy).
 if $dev && ! { command -v go && command -v protoc-gen-go && command -v protoc-gen-go-grpc \
-  && [ -d /usr/share/gocode/src/google.golang.org/genproto/googleapis/rpc/errdetails ]; } >/dev/null 2>&1; then
+  && [ -d /usr/share/gocode/src/google.golang.org/genproto/googleapis/rpc/errdetails ] \
+  && [ -d /usr/share/gocode/src/go.opentelemetry.io/otel/propagation ]; } >/dev/null 2>&1; then
   need_apt+=(golang-go golang-google-grpc-dev golang-google-protobuf-dev
-    golang-github-golang-protobuf-1-5-dev golang-google-genproto-dev protoc-gen-go protoc-gen-go-grpc)
+    golang-github-golang-protobuf-1-5-dev golang-google-genproto-dev protoc-gen-go protoc-gen-go-grpc
+    golang-opentelemetry-otel-dev)
 fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""

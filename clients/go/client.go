@@ -14,6 +14,7 @@ import (
 	"time"
 
 	pb "busmq.dev/go/gen/busmq/v1"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 )
@@ -32,6 +33,10 @@ type Options struct {
 	AllowPlaintext bool
 	// Timeout is the deadline of every unary call (default 10 s).
 	Timeout time.Duration
+	// Tracer turns on OpenTelemetry propagation (nil: off): pushes run in PRODUCER spans
+	// and write their context into the messages' W3C traceparent/tracestate headers, and
+	// Delivery.Traced runs a handling in a CONSUMER span under the message's context.
+	Tracer trace.Tracer
 }
 
 // Client is a connection to one gateway. Close it to release its attachments.
@@ -42,6 +47,7 @@ type Client struct {
 	Queues pb.QueueServiceClient
 	pushes *pushCoalescer
 	stream *pushStream
+	tracer trace.Tracer
 }
 
 // Dial connects to the gateway (lazily: the first call opens the connection).
@@ -72,7 +78,7 @@ func Dial(ctx context.Context, options Options) (*Client, error) {
 	if timeout == 0 {
 		timeout = 10 * time.Second
 	}
-	client := &Client{conn: conn, timeout: timeout, Queues: pb.NewQueueServiceClient(conn)}
+	client := &Client{conn: conn, timeout: timeout, Queues: pb.NewQueueServiceClient(conn), tracer: options.Tracer}
 	client.pushes = &pushCoalescer{client: client}
 	client.stream = &pushStream{client: client}
 	return client, nil

@@ -123,7 +123,9 @@ func Text(text string) Message {
 // gateway without it gets calls: pushes made while one is under way share the next),
 // each answered on its own.
 func (q *Queue) PushBatch(ctx context.Context, messages []Message) ([]uint64, error) {
-	return q.push(ctx, q.request(messages))
+	return q.send(ctx, messages, func(ctx context.Context, messages []Message) ([]uint64, error) {
+		return q.push(ctx, q.request(messages))
+	})
 }
 
 // Producer is an idempotent producer: its pushes are stored once per queue, producer
@@ -139,9 +141,11 @@ type Producer struct {
 // its ids; a sequence below that stores nothing and returns no ids. Sequences must
 // increase (gaps are allowed).
 func (q *Queue) PushSequenced(ctx context.Context, producer Producer, sequence uint64, messages []Message) ([]uint64, error) {
-	request := q.request(messages)
-	request.Producer, request.ProducerEpoch, request.ProducerSequence = producer.Name, producer.Epoch, sequence
-	return q.push(ctx, request)
+	return q.send(ctx, messages, func(ctx context.Context, messages []Message) ([]uint64, error) {
+		request := q.request(messages)
+		request.Producer, request.ProducerEpoch, request.ProducerSequence = producer.Name, producer.Epoch, sequence
+		return q.push(ctx, request)
+	})
 }
 
 func (q *Queue) request(messages []Message) *pb.PushRequest {
