@@ -192,7 +192,7 @@ class ChannelEnd(abc.ABC):
             if self.tracing is None:
                 await handler(delivery)
             else:
-                with self.tracing.process(self.name, delivery.message):
+                with self.tracing.process(self.name, delivery.headers, delivery.id):
                     await handler(delivery)
         except Exception:
             log.exception("channel %s handler failed on #%d", self.name, delivery.id)

@@ -76,7 +76,7 @@ async def handle_each(
             if tracing is None:
                 await handler(delivery)
             else:
-                with tracing.process(queue, delivery.message):
+                with tracing.process(queue, delivery.headers, delivery.id):
                     await handler(delivery)
         except Exception:
             log.exception("handler failed on %s #%d", queue, delivery.id)

@@ -373,3 +373,33 @@ async def _settled(settling: Awaitable[None]) -> bool:
     except UnknownMessageError:
         return False
     return True
+
+
+# -- trace context (see busmq.tracing) ---------------------------------------------------
+
+
+def with_headers(items: Iterable[Any], carrier: Mapping[str, str]) -> list[Any]:
+    """Push items (values, ``(value, headers)`` pairs, encoded messages) with
+    ``carrier``'s headers added to each that carries no context yet (a service request,
+    or a message passed on, keeps the one it has)."""
+    if not carrier:
+        return list(items)
+    out: list[Any] = []
+    for item in items:
+        if isinstance(item, EncodedMessage):
+            out.append(with_encoded_headers(item, carrier))
+        elif isinstance(item, tuple):
+            value, headers = item
+            out.append((value, {**carrier, **(headers or {})}))
+        else:
+            out.append((item, dict(carrier)))
+    return out
+
+
+def with_encoded_headers(message: EncodedMessage, carrier: Mapping[str, str]) -> EncodedMessage:
+    headers = json.loads(message.headers) if message.headers else {}
+    if "traceparent" in headers:
+        return message
+    headers.update(carrier)
+    encoded = json.dumps(headers, separators=(",", ":")).encode()
+    return EncodedMessage(message.payload, message.kind, encoded)

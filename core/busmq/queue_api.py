@@ -24,9 +24,8 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, Self, TypeVar
 from .consuming import LATEST, Mode
 from .errors import DurabilityError, UnknownMessageError
 from .events import Event, EventHub
-from .message import EncodedMessage
+from .message import EncodedMessage, with_headers
 from .pushing import Producer, PushOptions, PushResult, Sequenced
-from .tracing import with_headers
 
 if TYPE_CHECKING:
     from .controls import RateLimit, RetryPolicy

@@ -190,7 +190,9 @@ class ServeRun:
             if self.tracing is None:
                 answered = await self._answer(request, reply)
             else:
-                with self.tracing.process(self.service, request.message):
+                with self.tracing.process(
+                    self.service, request.message.headers, request.message.id
+                ):
                     answered = await self._answer(request, reply)
             await reply.finish(answered)
         except asyncio.CancelledError:

@@ -20,19 +20,17 @@ OpenTelemetry's API records nothing.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from .errors import BusError
-from .message import EncodedMessage, Message
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
 TRACE_HEADERS = ("traceparent", "tracestate")
-"""The headers a traced push writes (W3C Trace Context)."""
+"""The headers a traced push writes (W3C Trace Context; see ``message.with_headers``)."""
 SYSTEM = "busmq"
 
 
@@ -86,10 +84,12 @@ class Tracing:
             span.set_attribute("messaging.message.id", str(ids[0]))
 
     @contextmanager
-    def process(self, destination: str, message: Message) -> Iterator[Span]:
-        """A CONSUMER span for handling ``message`` of ``destination``, a child of the
-        context its producer wrote into its headers (a root span if none)."""
-        parent = self._propagate.extract(message.headers)
+    def process(
+        self, destination: str, headers: Mapping[str, str], message_id: int
+    ) -> Iterator[Span]:
+        """A CONSUMER span for handling message ``message_id`` of ``destination``, a child
+        of the context its producer wrote into its ``headers`` (a root span if none)."""
+        parent = self._propagate.extract(headers)
         with self._tracer.start_as_current_span(
             f"process {destination}",
             context=parent,
@@ -99,34 +99,7 @@ class Tracing:
                 "messaging.destination.name": destination,
                 "messaging.operation.type": "process",
                 "messaging.operation.name": "process",
-                "messaging.message.id": str(message.id),
+                "messaging.message.id": str(message_id),
             },
         ) as span:
             yield span
-
-
-def with_headers(items: Iterable[Any], carrier: Mapping[str, str]) -> list[Any]:
-    """Push items (values, ``(value, headers)`` pairs, encoded messages) with
-    ``carrier``'s headers added to each that carries no context yet (a service request,
-    or a message passed on, keeps the one it has)."""
-    if not carrier:
-        return list(items)
-    out: list[Any] = []
-    for item in items:
-        if isinstance(item, EncodedMessage):
-            out.append(with_encoded_headers(item, carrier))
-        elif isinstance(item, tuple):
-            value, headers = item
-            out.append((value, {**carrier, **(headers or {})}))
-        else:
-            out.append((item, dict(carrier)))
-    return out
-
-
-def with_encoded_headers(message: EncodedMessage, carrier: Mapping[str, str]) -> EncodedMessage:
-    headers = json.loads(message.headers) if message.headers else {}
-    if TRACE_HEADERS[0] in headers:
-        return message
-    headers.update(carrier)
-    encoded = json.dumps(headers, separators=(",", ":")).encode()
-    return EncodedMessage(message.payload, message.kind, encoded)

@@ -62,9 +62,8 @@ from ..errors import (
     UnknownMessageError,
 )
 from ..events import Event
-from ..message import EncodedMessage, Payload, check_headers, encode
+from ..message import EncodedMessage, Payload, check_headers, encode, with_encoded_headers
 from ..pushing import PushResult
-from ..tracing import with_encoded_headers
 from ..v1 import channel_service_pb2 as pb
 from ..v1 import channel_service_pb2_grpc as pb_grpc
 from ..v1 import queue_service_pb2 as queue_pb
