@@ -49,7 +49,6 @@ if TYPE_CHECKING:
 MAX_FORWARD = 1000
 """The most messages one forward stores (a script's arguments are bounded)."""
 
-_KINDS = {kind.value: kind for kind in PayloadKind}
 _STORED: weakref.WeakKeyDictionary[Any, dict[str, dict[str, int]]] = weakref.WeakKeyDictionary()
 """Per bus, source queue and target label: the outbox entry number up to which every
 entry is known stored in the target (see :class:`Forwarder`)."""
@@ -232,7 +231,7 @@ def _messages(fields: Sequence[bytes]) -> list[EncodedMessage]:
     if stride == 1:
         return [EncodedMessage(value, PayloadKind.BYTES, b"") for value in values]
     return [
-        EncodedMessage(values[i], _KINDS[values[i + 1]], values[i + 2])
+        EncodedMessage(values[i], PayloadKind(values[i + 1]), values[i + 2])
         for i in range(0, len(values), 3)
     ]
 

@@ -366,8 +366,7 @@ class QueueAPI(Generic[Absent, C]):
             request_id, durability, delay, at, ttl, expires_at, Sequenced.of(producer, sequence)
         )
         if self.tracing is not None:
-            traced = await self._traced(self.tracing, encoded, options, len(encoded))
-            return traced
+            return await self._traced(self.tracing, encoded, options, len(encoded))
         return await self._pushed(len(encoded), self._backend.push_encoded(encoded, options))
 
     async def _traced(

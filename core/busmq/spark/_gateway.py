@@ -25,11 +25,10 @@ from ..v1 import queue_service_pb2 as pb
 from ..v1 import queue_service_pb2_grpc as pb_grpc
 from ..v1 import types_pb2
 from ..wire import KIND_FROM_PROTO, KIND_TO_PROTO
-from ._core import KIND_NAMES, OptionError, Page, Span, _get, parse_bool
+from ._core import KIND_NAMES, READ_PAGE, OptionError, Page, Span, _get, parse_bool
 
 CALL_TIMEOUT = 30.0
 _MAX_MESSAGE = 64 * 1024 * 1024
-_KINDS = {kind.value: kind for kind in PayloadKind}
 
 
 @dataclass(frozen=True)
@@ -166,14 +165,14 @@ class Gateway:
         """The messages of ``span`` in id order, a page per batch the gateway sends."""
         page = Page([], [], [], [], [], [])
         for message in self._browse(span.queue, span.low, span.high):
-            kind = KIND_TO_PROTO_CODE[message.kind]
+            kind = KIND_FROM_PROTO[message.kind].value
             page.ids.append(int(message.id))
             page.payloads.append(message.payload)
             page.kinds.append(KIND_NAMES[kind])
             page.headers.append(list(message.headers.items()))
             page.stamps.append(message.push_time.ToMilliseconds())
             page.json.append(message.payload.decode("utf-8") if kind == b"j" else None)
-            if len(page.ids) >= 5_000:
+            if len(page.ids) >= READ_PAGE:
                 yield page
                 page = Page([], [], [], [], [], [])
         if page.ids:
@@ -195,7 +194,7 @@ class Gateway:
             code = kind.encode() if isinstance(kind, str) else kind
             request.messages.add(
                 payload=payload,
-                kind=KIND_TO_PROTO[_KINDS[code]],
+                kind=KIND_TO_PROTO[PayloadKind(code)],
                 headers=json.loads(headers) if headers else {},
             )
         if producer is not None:
@@ -208,7 +207,3 @@ class Gateway:
             ) from None
         first = int(response.ids[0]) if response.ids else 0
         return first, bool(response.duplicate)
-
-
-KIND_TO_PROTO_CODE = {code: kind.value for code, kind in KIND_FROM_PROTO.items()}
-"""A proto payload kind -> the core's one-byte kind code."""
