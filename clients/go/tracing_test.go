@@ -2,6 +2,7 @@ package busmq
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os/exec"
 	"path/filepath"
@@ -121,5 +122,53 @@ asyncio.run(main())
 	}
 	if !process.Parent().IsRemote() {
 		t.Fatalf("the handling span's parent is not the remote producer's")
+	}
+}
+
+// federatedPush runs a traced Python producer in "another datacenter": its bus federates
+// queue of this gateway, the link is cut while it pushes (the push waits in its outbox)
+// and restored. It returns the producer's trace id and its push's span id.
+func federatedPush(t *testing.T, d *deployment, queue string) (traceID, sendSpanID string) {
+	python := filepath.Join(repoRoot(), ".venv", "bin", "python")
+	command := exec.Command(python, "-m", "tests.support.traced_federated_push", d.address(), d.secret, queue)
+	command.Dir = repoRoot()
+	out, err := command.Output()
+	if err != nil {
+		t.Fatalf("python producer: %v", err)
+	}
+	var result struct {
+		TraceID     string            `json:"trace_id"`
+		SendSpanIDs map[string]string `json:"send_span_ids"`
+		OutboxHeld  int               `json:"outbox_held"`
+	}
+	if err := json.Unmarshal(out, &result); err != nil {
+		t.Fatalf("python producer printed %q: %v", out, err)
+	}
+	if result.OutboxHeld != 1 {
+		t.Fatalf("the push did not wait in the outbox during the cut: %+v", result)
+	}
+	return result.TraceID, result.SendSpanIDs[queue]
+}
+
+// One trace across datacenters and a cut link: Python producer, its outbox, the gateway,
+// this Go consumer.
+func TestATraceSpansAFederationCutToAGoConsumer(t *testing.T) {
+	d := start(t)
+	client, recorder, _ := tracedClient(t, d)
+	queue := client.Queue("shipments-go")
+	if _, err := queue.Attach(context.Background(), 0); err != nil {
+		t.Fatal(err)
+	}
+	traceID, sendSpanID := federatedPush(t, d, "shipments-go")
+	delivery := handleOne(t, queue)
+	if !strings.Contains(string(delivery.Payload), "shipments-go") {
+		t.Fatalf("payload %q", delivery.Payload)
+	}
+	process := ended(recorder, "process shipments-go")
+	if process == nil || process.SpanContext().TraceID().String() != traceID {
+		t.Fatalf("the Go handling is not in the producer's trace %s: headers %v", traceID, delivery.Headers)
+	}
+	if process.Parent().SpanID().String() != sendSpanID || !process.Parent().IsRemote() {
+		t.Fatalf("the handling span's parent is %v, not the remote push %s", process.Parent().SpanID(), sendSpanID)
 	}
 }

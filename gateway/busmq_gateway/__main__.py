@@ -62,6 +62,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="/metrics, /healthz and the dashboard ('off' for none)",
     )
     parser.add_argument(
+        "--history-interval",
+        type=float,
+        default=float(env("BUSMQ_GATEWAY_HISTORY_INTERVAL", "10")),
+        help="seconds between the samples of the dashboard's charts (an hour is kept)",
+    )
+    parser.add_argument(
         "--metrics-max-queues",
         type=int,
         default=100,
@@ -116,6 +122,7 @@ def settings_from(args: argparse.Namespace) -> GatewaySettings:
         keepalive_seconds=args.keepalive_seconds,
         grace_seconds=args.grace_seconds,
         http_listen=None if args.http_listen in ("", "off") else args.http_listen,
+        history_seconds=args.history_interval,
         metrics_max_queues=args.metrics_max_queues,
         reuse_port=args.reuse_port,
     )

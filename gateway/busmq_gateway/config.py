@@ -65,6 +65,8 @@ class GatewaySettings:
         http_listen: ``host:port`` of the HTTP listener (``/metrics``, ``/healthz``, the
             dashboard), or ``None`` for none. Open on loopback; elsewhere it needs a
             secret and TLS (or ``allow_plaintext``), like the gRPC port.
+        history_seconds: interval between the samples of the dashboard's charts (an hour
+            of them is kept in the gateway process, for at most 1,000 queues).
         metrics_max_queues: queues reported under their own label; the rest are summed.
         metrics_cache_seconds: how long one read of the bus's figures serves scrapes.
         reuse_port: bind the port with ``SO_REUSEPORT``, shared by the worker processes
@@ -87,6 +89,7 @@ class GatewaySettings:
     default_prefetch: int = 100
     max_prefetch: int = 1000
     http_listen: str | None = None
+    history_seconds: float = 10.0
     metrics_max_queues: int = 100
     metrics_cache_seconds: float = 2.0
     reuse_port: bool = False
@@ -109,7 +112,7 @@ class GatewaySettings:
                 "a loopback address, or pass --allow-plaintext if a TLS-terminating proxy "
                 "or mesh encrypts the hop"
             )
-        for name in ("keepalive_seconds", "heartbeat_seconds", "grace_seconds"):
+        for name in ("keepalive_seconds", "heartbeat_seconds", "grace_seconds", "history_seconds"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
         if self.http_listen is not None:

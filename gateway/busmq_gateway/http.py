@@ -1,5 +1,7 @@
 """The gateway's HTTP listener (``--http-listen``): ``/metrics`` for Prometheus,
-``/healthz`` for load balancers, and the dashboard (``/`` and its data, ``/api/overview``).
+``/healthz`` for load balancers, and the dashboard (``/``, its scripts under ``/static/``,
+its data under ``/api/``: the overview, an hour of charts, the queue pages of
+:mod:`busmq_gateway.queue_pages`).
 
 On a loopback address it is open, like a local admin port. Anywhere else it follows the
 gRPC port's rules: TLS with the gateway's certificate (or ``--allow-plaintext``), and
@@ -26,7 +28,9 @@ from busmq.security import is_loopback
 
 from .access import Access
 from .config import GatewaySettings
+from .history import History
 from .overview import Overview
+from .queue_pages import QueuePages
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +57,7 @@ class HttpListener:
         self.registry = registry
         self.bus_metrics = bus_metrics
         self.overview = Overview(bus_metrics)
+        self.history = History(bus_metrics, settings.history_seconds)
         self._serving = serving
         self._access = access
         self._open = is_loopback(self.listen)
@@ -65,6 +70,9 @@ class HttpListener:
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._health)
         app.router.add_get("/api/overview", self._overview)
+        app.router.add_get("/api/links", self._links)
+        app.router.add_static("/static/", resources.files("busmq_gateway") / "static")  # type: ignore[arg-type]
+        QueuePages(self.bus, self._access, self.history, _presented).register(app.router)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         host, port = self.listen.rsplit(":", 1)
@@ -72,6 +80,7 @@ class HttpListener:
             self._runner, host.strip("[]"), int(port), ssl_context=self._ssl_context()
         )
         await site.start()
+        self.history.start()
         self.port = int(self._runner.addresses[0][1])
         log.info(
             "http listening on %s:%d (/metrics, /healthz, dashboard; %s)",
@@ -81,6 +90,7 @@ class HttpListener:
         )
 
     async def stop(self) -> None:
+        await self.history.stop()
         if self._runner is not None:
             await self._runner.cleanup()
 
@@ -118,6 +128,11 @@ class HttpListener:
 
     async def _overview(self, request: web.Request) -> web.Response:
         return web.json_response(await self.overview.read())
+
+    async def _links(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {"history_interval": self.history.interval, "links": self.history.links_json()}
+        )
 
     async def _dashboard(self, request: web.Request) -> web.Response:
         page = resources.files("busmq_gateway").joinpath("dashboard.html").read_text()

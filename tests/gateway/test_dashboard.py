@@ -21,6 +21,12 @@ from busmq.federation import FederationSettings, FederationTarget
 from busmq_gateway import Gateway, GatewaySettings
 from tests.conftest import fast_settings
 from tests.federation.conftest import FAST_LINK
+from tests.gateway.test_queue_pages import (
+    ADMIN_SECRET,
+    PRINCIPALS,
+    VIEWER_SECRET,
+    with_dead_letters,
+)
 from tests.support.gateway_process import GatewayProcess
 from tests.support.redis_server import RedisServer
 
@@ -127,3 +133,70 @@ async def test_dashboard_shows_queues_and_links_and_follows_changes(
             await gateway.stop()
             await bus.close()
             await remote.stop()
+
+
+async def test_queue_page_charts_its_hour_and_takes_admin_actions(
+    browser: Browser, artifacts: Path, redis_server: RedisServer
+) -> None:
+    bus = Bus(fast_settings([redis_server.url]))
+    await bus.connect()
+    settings = GatewaySettings(
+        listen="127.0.0.1:0",
+        principals=PRINCIPALS,
+        bus=bus.settings,
+        http_listen="127.0.0.1:0",
+        history_seconds=0.2,
+        metrics_cache_seconds=0.1,
+    )
+    gateway = Gateway(settings, bus=bus)
+    await gateway.start()
+    try:
+        await with_dead_letters(bus)
+        orders = bus.queue("orders")
+        assert gateway.http is not None
+        page = await browser.new_page(viewport={"width": 1280, "height": 1100})
+        page.on("dialog", lambda dialog: dialog.accept())  # "remove every dead letter?"
+        await page.goto(f"http://127.0.0.1:{gateway.http.port}/")
+        await page.click('#queues tr[data-name="orders"] a')
+        await until_text(page, "#q-name", "orders")
+        # The charts fill from the gateway's samples, without a reload.
+        await page.wait_for_selector('[data-chart="queue:depth"] canvas')
+        await page.wait_for_function(
+            "Number(document.querySelector('[data-chart=\"queue:depth\"]').dataset.points) >= 3"
+        )
+        # Without a secret, nothing of the messages is shown.
+        await page.wait_for_selector("#dead td.empty")
+        assert "needs an admin secret" in await page.inner_text("#dead")
+
+        # A principal without the admin grant is refused, and nothing changes.
+        await page.fill("#secret", VIEWER_SECRET)
+        await page.dispatch_event("#secret", "change")
+        await page.click("#q-pause")
+        await until_text(page, "#action-status", "refused: principal 'viewer' may not", equal=False)
+        assert "refused: principal 'viewer'" in await page.inner_text("#action-status")
+        assert (await orders.info()).paused is False
+
+        # The admin sees the dead letters with their reasons, and acts.
+        await page.fill("#secret", ADMIN_SECRET)
+        await page.dispatch_event("#secret", "change")
+        await page.wait_for_selector("#dead tbody tr:nth-child(2) td:nth-child(2)")
+        assert await page.inner_text("#dead tbody tr:first-child td:nth-child(2)") == "rejected"
+        assert await page.inner_text("#dead tbody tr:first-child td:nth-child(3)") == "bad payload"
+        assert await page.inner_text("#messages tbody tr:first-child td:nth-child(5)") == "c"
+        await page.click("#q-pause")
+        await until_text(page, "#q-state", "paused")
+        assert (await orders.info()).paused is True
+        await page.fill("#q-rate-limit", "5")
+        await page.click("#q-rate-set")
+        await until_text(page, "#q-rate", "5 per 1 s")
+        await page.click("#dead tbody tr:first-child button")  # requeue that one
+        await page.wait_for_function("document.querySelectorAll('#dead tbody tr').length === 1")
+        await page.screenshot(path=artifacts / "dashboard-queue.png", full_page=True)
+        await page.click("#dead-purge")
+        await page.wait_for_selector("#dead td.empty")
+        info = await orders.info()
+        assert (info.paused, info.dead_letters, info.count) == (True, 0, 3)
+        assert info.rate_limit is not None and info.rate_limit.limit == 5
+    finally:
+        await gateway.stop()
+        await bus.close()

@@ -3,12 +3,12 @@
 
 import { randomUUID } from "node:crypto";
 import type { BusClient } from "./client.js";
-import { toBusError } from "./errors.js";
+import { type BusError, streamResumable, toBusError } from "./errors.js";
 import type { ConnectChannelResponse } from "./gen/busmq/v1/channel_service_pb.js";
 import type { Message } from "./gen/busmq/v1/types_pb.js";
 import { decode, encode, type Payload } from "./messages.js";
 import { MODES, type Mode } from "./consumer.js";
-import { duration } from "./queue.js";
+import { duration, sleep } from "./queue.js";
 
 export interface ChannelRoles {
   /** The role this end plays (default "local"). */
@@ -43,6 +43,9 @@ export interface ChannelMessage {
   readonly deliveryCount: number;
   /** At-least-once: acknowledge it (a no-op in the other modes). */
   ack(): Promise<void>;
+  /** Run `fn` in a CONSUMER span whose parent is the context the message carries, when
+   * the client traces; else just run it. */
+  traced<T>(fn: () => Promise<T>): Promise<T>;
 }
 
 export class ChannelEnd implements AsyncIterable<ChannelMessage> {
@@ -56,6 +59,12 @@ export class ChannelEnd implements AsyncIterable<ChannelMessage> {
   private finished = false;
   private failure: unknown;
   private readonly listeners = new Set<(event: ChannelEvent) => void>();
+  private options: ConnectOptions = {};
+  private closing = false;
+  /** How many times the stream was reopened after breaking. */
+  resumes = 0;
+  /** The last error that broke the stream (it was resumed). */
+  lastError: BusError | undefined;
 
   constructor(
     readonly client: BusClient,
@@ -69,16 +78,24 @@ export class ChannelEnd implements AsyncIterable<ChannelMessage> {
     return () => this.listeners.delete(listener);
   }
 
-  /** Connect this end; resolves once the gateway has connected it. */
+  /** Connect this end; resolves once the gateway has connected it. From then on the end
+   * resumes by itself when its stream breaks (a gateway restart, a cut, a draining
+   * gateway): it reconnects with backoff, emits `{ kind: "resuming" }` first, and keeps
+   * delivering; at-least-once deliveries not acked before the break come back. */
   async connect(options: ConnectOptions = {}): Promise<void> {
-    const mode = options.mode ?? "at-most-once";
+    this.options = options;
+    void this.pump(await this.open());
+  }
+
+  private async open(): Promise<AsyncIterator<ConnectChannelResponse>> {
+    const options = this.options;
     const stream = this.client.channels.connectChannel(
       {
         channel: this.name,
         localRole: this.roles.local ?? "",
         remoteRole: this.roles.remote ?? "",
         listen: options.listen ?? false,
-        mode: MODES[mode],
+        mode: MODES[this.mode],
         prefetch: options.prefetch ?? 0,
         visibilityTimeout:
           options.visibilityTimeoutSeconds === undefined
@@ -102,23 +119,51 @@ export class ChannelEnd implements AsyncIterable<ChannelMessage> {
     this.connectionId = started.connectionId;
     this.role = started.role;
     this.peerRole = started.peerRole;
-    void this.pump(iterator, mode);
+    return iterator;
   }
 
-  private async pump(iterator: AsyncIterator<ConnectChannelResponse>, mode: Mode): Promise<void> {
+  private get mode(): Mode {
+    return this.options.mode ?? "at-most-once";
+  }
+
+  private async pump(first: AsyncIterator<ConnectChannelResponse>): Promise<void> {
+    let iterator: AsyncIterator<ConnectChannelResponse> | undefined = first;
+    let backoff = 100;
     try {
-      for (let next = await iterator.next(); !next.done; next = await iterator.next()) {
-        const event = next.value.event;
-        if (event.case === "delivery" && event.value.message !== undefined) {
-          this.deliver(event.value.message, event.value.deliveryCount, mode);
-        } else if (event.case === "state") {
-          const state = { kind: event.value.kind, details: { ...event.value.details } };
-          this.listeners.forEach((listener) => listener(state));
+      while (!this.abort.signal.aborted) {
+        let ended = false;
+        try {
+          iterator ??= await this.open();
+          backoff = 100;
+          for (let next = await iterator.next(); !next.done; next = await iterator.next()) {
+            const event = next.value.event;
+            if (event.case === "delivery" && event.value.message !== undefined) {
+              this.deliver(event.value.message, event.value.deliveryCount);
+            } else if (event.case === "state") {
+              ended ||= event.value.kind === "ended";
+              this.emit({ kind: event.value.kind, details: { ...event.value.details } });
+            }
+          }
+        } catch (error) {
+          if (this.abort.signal.aborted) {
+            return;
+          }
+          const busError = toBusError(error);
+          if (!streamResumable(busError)) {
+            this.failure = busError;
+            return;
+          }
+          this.lastError = busError;
         }
-      }
-    } catch (error) {
-      if (!this.abort.signal.aborted) {
-        this.failure = toBusError(error);
+        if (ended || this.closing || this.abort.signal.aborted) {
+          return;
+        }
+        // Broken, or ended by a draining gateway: reconnect after a pause.
+        iterator = undefined;
+        this.resumes += 1;
+        this.emit({ kind: "resuming", details: { error: this.lastError?.message ?? "stream ended" } });
+        await sleep(backoff * (0.5 + Math.random()));
+        backoff = Math.min(backoff * 2, 5000);
       }
     } finally {
       this.finished = true;
@@ -126,8 +171,13 @@ export class ChannelEnd implements AsyncIterable<ChannelMessage> {
     }
   }
 
-  private deliver(message: Message, deliveryCount: number, mode: Mode): void {
+  private emit(event: ChannelEvent): void {
+    this.listeners.forEach((listener) => listener(event));
+  }
+
+  private deliver(message: Message, deliveryCount: number): void {
     const role = this.role ?? "";
+    const mode = this.mode;
     const ack = async (): Promise<void> => {
       if (mode !== "at-least-once") {
         return;
@@ -136,13 +186,16 @@ export class ChannelEnd implements AsyncIterable<ChannelMessage> {
         this.client.channels.ackChannel({ channel: this.name, role, ids: [message.id] }, o),
       );
     };
+    const headers = { ...message.headers };
+    const tracing = this.client.tracing;
     this.inbox.push({
       id: message.id,
       data: decode(message),
-      headers: { ...message.headers },
+      headers,
       message,
       deliveryCount,
       ack,
+      traced: (fn) => (tracing === undefined ? fn() : tracing.process(this.name, headers, message.id, fn)),
     });
     this.waiting?.();
   }
@@ -167,23 +220,29 @@ export class ChannelEnd implements AsyncIterable<ChannelMessage> {
     }
   }
 
-  /** Send to the peer; returns the id in the peer's queue. */
+  /** Send to the peer; returns the id in the peer's queue. When the client traces, in a
+   * PRODUCER span `send <channel>` whose context the message carries. */
   async send(payload: Payload, options: { headers?: Record<string, string> } = {}): Promise<bigint> {
-    const reply = await this.client.unary((o) =>
-      this.client.channels.sendChannel(
-        {
-          connectionId: this.requireConnection(),
-          messages: [encode(payload, options.headers)],
-          requestId: randomUUID(),
-        },
-        o,
-      ),
-    );
-    return reply.ids[0] as bigint;
+    const requestId = randomUUID();
+    const sendWith = async (headers: Record<string, string> | undefined): Promise<bigint> => {
+      const reply = await this.client.unary((o) =>
+        this.client.channels.sendChannel(
+          { connectionId: this.requireConnection(), messages: [encode(payload, headers)], requestId },
+          o,
+        ),
+      );
+      return reply.ids[0] as bigint;
+    };
+    const tracing = this.client.tracing;
+    if (tracing === undefined) {
+      return sendWith(options.headers);
+    }
+    return tracing.send(this.name, 1, (carrier) => sendWith({ ...carrier, ...options.headers }));
   }
 
   /** Disconnect this end (messages keep waiting in its queue for the next connect). */
   async disconnect(): Promise<void> {
+    this.closing = true;
     await this.client.unary((o) =>
       this.client.channels.disconnectChannel({ connectionId: this.requireConnection() }, o),
     );
@@ -191,6 +250,7 @@ export class ChannelEnd implements AsyncIterable<ChannelMessage> {
 
   /** End the channel for both ends and remove its queues. */
   async end(): Promise<void> {
+    this.closing = true;
     await this.client.unary((o) =>
       this.client.channels.endChannel({ connectionId: this.requireConnection() }, o),
     );

@@ -2,7 +2,7 @@
 
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
-import { type ChannelEvent, HandlerError } from "../src/index.js";
+import { type ChannelEvent, type ChannelMessage, HandlerError } from "../src/index.js";
 import { liveGateway } from "./support.js";
 
 describe("request/reply and channels through a live gateway", () => {
@@ -97,5 +97,40 @@ describe("request/reply and channels through a live gateway", () => {
     assert.ok(kinds.includes("remote_connected"), kinds.join());
     assert.equal(kinds.at(-1), "ended");
     assert.equal(serverEvents.at(-1)?.details.by, "remote");
+  });
+
+  test("channel ends resume by themselves after a gateway crash: unacked messages come back", async () => {
+    const { deployment, client } = live();
+    const a = client.channel("ts-resume", { local: "a", remote: "b" });
+    const b = client.channel("ts-resume", { local: "b", remote: "a" });
+    const events = { a: [] as string[], b: [] as string[] };
+    a.on((event) => events.a.push(event.kind));
+    b.on((event) => events.b.push(event.kind));
+    await a.connect({ mode: "at-least-once", visibilityTimeoutSeconds: 1 });
+    await b.connect();
+    const inbox = a[Symbol.asyncIterator]();
+    await b.send("before the crash");
+    const first = (await inbox.next()).value as ChannelMessage;
+    assert.equal(first.data, "before the crash"); // not acked
+
+    await deployment.killGateway();
+    await deployment.startGateway();
+    const connected = (kinds: string[]) => kinds.filter((k) => k === "connected").length;
+    for (let waited = 0; connected(events.a) < 2 || connected(events.b) < 2; waited += 20) {
+      assert.ok(waited < 20_000, `ends not reconnected: ${JSON.stringify(events)}`);
+      await new Promise((resolve) => setTimeout(resolve, 20));
+    }
+    assert.ok(a.resumes >= 1 && b.resumes >= 1);
+    assert.ok(events.a.includes("resuming"));
+    await b.send("after the restart");
+    const seen: string[] = [];
+    while (seen.length < 2) {
+      const message = (await inbox.next()).value as ChannelMessage;
+      seen.push(`${message.data as string}#${message.deliveryCount}`);
+      await message.ack();
+    }
+    seen.sort();
+    assert.deepEqual(seen, ["after the restart#1", "before the crash#2"]);
+    await a.end();
   });
 });

@@ -15,7 +15,7 @@ const HERE = dirname(fileURLToPath(import.meta.url));
 /** The repository root (this file runs from clients/typescript/dist/test). */
 export const ROOT = resolve(HERE, "..", "..", "..", "..");
 const GATEWAY = process.env.BUSMQ_GATEWAY_BIN ?? join(ROOT, ".venv", "bin", "busmq-gateway");
-const PYTHON = join(ROOT, ".venv", "bin", "python");
+export const PYTHON = join(ROOT, ".venv", "bin", "python");
 
 /** A loopback port that was free a moment ago, below the ephemeral range (an outgoing
  * connection can take an ephemeral one before the server binds it). */

@@ -12,7 +12,9 @@ import {
   SimpleSpanProcessor,
 } from "@opentelemetry/sdk-trace-base";
 import { BusClient } from "../src/index.js";
-import { liveGateway } from "./support.js";
+import { execFile } from "node:child_process";
+import { promisify } from "node:util";
+import { liveGateway, PYTHON, ROOT } from "./support.js";
 
 context.setGlobalContextManager(new AsyncLocalStorageContextManager().enable());
 const exporter = new InMemorySpanExporter();
@@ -82,6 +84,63 @@ describe("tracing through a live gateway", () => {
       assert.equal(reply.trace_id, quote.spanContext().traceId);
       assert.equal(reply.parent_id, quote.spanContext().spanId);
       assert.notEqual(reply.span_id, quote.spanContext().spanId);
+    } finally {
+      await client.close();
+    }
+  });
+
+  test("one trace across datacenters and a cut link: Python producer, its outbox, the gateway, this consumer", async () => {
+    const { deployment } = live();
+    const client = traced();
+    try {
+      const queue = client.queue("shipments-ts");
+      await queue.attach();
+      // "Another datacenter": a traced Python bus federating this queue pushes while its
+      // link is cut (the push waits in its outbox), then the link is restored.
+      const { stdout } = await promisify(execFile)(
+        PYTHON,
+        ["-m", "tests.support.traced_federated_push", `127.0.0.1:${deployment.gatewayPort}`, deployment.secret, "shipments-ts"],
+        { cwd: ROOT },
+      );
+      const pushed = JSON.parse(stdout) as { trace_id: string; send_span_ids: Record<string, string>; outbox_held: number };
+      assert.equal(pushed.outbox_held, 1);
+      const consumer = queue.consume({ mode: "at-least-once" });
+      for await (const delivery of consumer) {
+        await delivery.traced(async () => delivery.ack());
+        break;
+      }
+      await consumer.stop();
+      const process = only("process shipments-ts");
+      assert.equal(process.spanContext().traceId, pushed.trace_id);
+      assert.equal(parentId(process), pushed.send_span_ids["shipments-ts"]);
+      assert.equal(process.parentSpanContext?.isRemote, true);
+    } finally {
+      await client.close();
+    }
+  });
+
+  test("a channel message is handled in a child of its send's span", async () => {
+    const client = traced();
+    try {
+      const a = client.channel("ts-traced-chat", { local: "a", remote: "b" });
+      const b = client.channel("ts-traced-chat", { local: "b", remote: "a" });
+      await a.connect();
+      await b.connect();
+      const talk = await app.startActiveSpan("talk", async (span) => {
+        await a.send("hello", { headers: { tenant: "t" } });
+        span.end();
+        return span;
+      });
+      for await (const message of b) {
+        assert.equal(message.headers.tenant, "t");
+        await message.traced(async () => undefined);
+        break;
+      }
+      await a.end();
+      const send = only("send ts-traced-chat");
+      const process = only("process ts-traced-chat");
+      assert.equal(parentId(send), talk.spanContext().spanId);
+      assert.equal(parentId(process), send.spanContext().spanId);
     } finally {
       await client.close();
     }
