@@ -7,11 +7,15 @@ import { createGrpcTransport } from "@connectrpc/connect-node";
 import { toBusError } from "./errors.js";
 import { ChannelEnd, type ChannelRoles } from "./channel.js";
 import { ChannelService } from "./gen/busmq/v1/channel_service_pb.js";
+import { PersistableService } from "./gen/busmq/v1/persistable_service_pb.js";
 import { QueueService } from "./gen/busmq/v1/queue_service_pb.js";
 import { RequestService } from "./gen/busmq/v1/request_service_pb.js";
 import { PushStreamer } from "./push_stream.js";
 import { PushCoalescer } from "./pushes.js";
+import type { JsonValue } from "./messages.js";
+import { Persistable, type PersistableOptions } from "./persistable.js";
 import { QueueHandle } from "./queue.js";
+import { listQueues, type ListQueuesOptions, type QueueSummary } from "./queue_admin.js";
 import { ServiceHandle } from "./service.js";
 import { Tracing, type TracingOptions } from "./tracing.js";
 
@@ -44,6 +48,7 @@ export class BusClient {
   readonly queues: Client<typeof QueueService>;
   readonly requests: Client<typeof RequestService>;
   readonly channels: Client<typeof ChannelService>;
+  readonly persistables: Client<typeof PersistableService>;
   /** Pushes go over `stream`; without it, pushes made while a push call is under way go
    * together in the next one. */
   readonly pushes: PushCoalescer;
@@ -86,6 +91,7 @@ export class BusClient {
     this.queues = createClient(QueueService, transport);
     this.requests = createClient(RequestService, transport);
     this.channels = createClient(ChannelService, transport);
+    this.persistables = createClient(PersistableService, transport);
     this.pushes = new PushCoalescer(this);
     this.stream = new PushStreamer(this);
     const tracing = options.tracing;
@@ -108,6 +114,20 @@ export class BusClient {
    * "remote"); `connect()` it. */
   channel(name: string, roles: ChannelRoles = {}): ChannelEnd {
     return new ChannelEnd(this, name, roles);
+  }
+
+  /** Persistable `name` tracking `fields` (names to defaults); `load()` and `save()` it. */
+  persistable<T extends Record<string, JsonValue>>(
+    name: string,
+    fields: T,
+    options: PersistableOptions = {},
+  ): Persistable<T> {
+    return new Persistable(this, name, fields, options);
+  }
+
+  /** The queues this principal may see, page by page from the gateway (name order). */
+  listQueues(options: ListQueuesOptions = {}): AsyncIterable<QueueSummary> {
+    return listQueues(this, options);
   }
 
   /** Run a unary call with the client's deadline, translating its error. */

@@ -61,6 +61,33 @@ export class Delivery {
     return this.consumer.ack(this.id);
   }
 
+  /** At-least-once: give it back; it comes back after `delaySeconds` (default: at the
+   * next read), with `error` noted for its dead letter should it end there. */
+  async nack(options: { delaySeconds?: number; error?: string } = {}): Promise<void> {
+    const { queue, consumerId } = this.consumer;
+    await queue.client.unary((o) =>
+      queue.client.queues.nack(
+        {
+          queue: queue.name,
+          consumerId: consumerId ?? "",
+          ids: [this.id],
+          delay: options.delaySeconds === undefined ? undefined : duration(options.delaySeconds),
+          error: options.error ?? "",
+        },
+        o,
+      ),
+    );
+  }
+
+  /** At-least-once: move it to the dead letters now (reason "rejected", with `reason` as
+   * its error). */
+  async reject(reason = ""): Promise<void> {
+    const { queue, consumerId } = this.consumer;
+    await queue.client.unary((o) =>
+      queue.client.queues.reject({ queue: queue.name, consumerId: consumerId ?? "", ids: [this.id], reason }, o),
+    );
+  }
+
   /** Run `fn` (the handling of this message) in a CONSUMER span whose parent is the
    * context the message carries, when the client traces; else just run it. */
   traced<T>(fn: () => Promise<T>): Promise<T> {

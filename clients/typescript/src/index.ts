@@ -11,7 +11,15 @@ export { BusClient, type BusClientOptions } from "./client.js";
 export { Consumer, type ConsumeOptions, Delivery, type Mode } from "./consumer.js";
 export * from "./errors.js";
 export type { JsonValue, Payload } from "./messages.js";
+export { Persistable, type PersistableOptions } from "./persistable.js";
 export { type AttachOptions, type PushOptions, QueueHandle, type QueueInfo } from "./queue.js";
+export {
+  type BrowseOptions,
+  type ListQueuesOptions,
+  type QueueSummary,
+  type RateLimit,
+  type StoredMessage,
+} from "./queue_admin.js";
 export {
   type Handler,
   type RequestOptions,

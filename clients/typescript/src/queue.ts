@@ -6,6 +6,14 @@ import type { BusClient } from "./client.js";
 import { type ConsumeOptions, Consumer } from "./consumer.js";
 import { BusError, NotFoundError, toBusError } from "./errors.js";
 import { encode, type Payload } from "./messages.js";
+import {
+  browse,
+  type BrowseOptions,
+  fromWireRateLimit,
+  type RateLimit,
+  type StoredMessage,
+  updateControls,
+} from "./queue_admin.js";
 
 export interface AttachOptions {
   /** Seconds the queue survives its last detach (default: the gateway's). */
@@ -36,6 +44,17 @@ export interface QueueInfo {
   /** Seconds before the queue expires if no attachment is renewed. */
   ttlSeconds: number;
   metadata: Record<string, string>;
+  pending: bigint;
+  delayed: bigint;
+  deadLetters: bigint;
+  /** "" until the first consumer fixes it. */
+  mode: string;
+  paused: boolean;
+  rateLimit: RateLimit | undefined;
+  keyRateLimit: RateLimit | undefined;
+  /** 0: none. */
+  maxDeliveries: number;
+  dropExpired: boolean;
 }
 
 /** Queue `name` on the gateway. `attach()` creates it and keeps it alive until `detach()`. */
@@ -168,7 +187,7 @@ export class QueueHandle {
     return consumer;
   }
 
-  /** Counters, ttl and metadata. */
+  /** Counters, ttl, metadata and the controls in force. */
   async info(): Promise<QueueInfo> {
     const reply = await this.client.unary((o) => this.client.queues.getQueue({ queue: this.name }, o));
     return {
@@ -176,7 +195,58 @@ export class QueueHandle {
       lastId: reply.lastId,
       ttlSeconds: seconds(reply.ttl),
       metadata: { ...reply.metadata },
+      pending: reply.pending,
+      delayed: reply.delayed,
+      deadLetters: reply.deadLetters,
+      mode: reply.mode,
+      paused: reply.paused,
+      rateLimit: fromWireRateLimit(reply.rateLimit),
+      keyRateLimit: fromWireRateLimit(reply.keyRateLimit),
+      maxDeliveries: reply.maxDeliveries,
+      dropExpired: reply.dropExpired,
     };
+  }
+
+  /** Reads return nothing while paused (pushes go on). */
+  async pause(): Promise<void> {
+    await updateControls(this.client, this.name, { paused: true });
+  }
+
+  async resume(): Promise<void> {
+    await updateControls(this.client, this.name, { paused: false });
+  }
+
+  /** Limit deliveries for every consumer together (with `key`: per header value); `null`
+   * removes the queue's rate limits. */
+  async setRateLimit(rate: RateLimit | null): Promise<void> {
+    await updateControls(this.client, this.name, { rateLimit: rate });
+  }
+
+  /** The delivery after `n` failed ones goes to the dead letters; `null`: no limit. */
+  async setMaxDeliveries(n: number | null): Promise<void> {
+    await updateControls(this.client, this.name, { maxDeliveries: n });
+  }
+
+  /** Drop expired messages instead of dead-lettering them. */
+  async dropExpired(drop = true): Promise<void> {
+    await updateControls(this.client, this.name, { dropExpired: drop });
+  }
+
+  /** Move dead letters back into the queue as new messages, oldest first: those with
+   * `ids`, or all (at most `limit`). Returns their new ids. */
+  async requeueDead(options: { ids?: bigint[]; limit?: number } = {}): Promise<bigint[]> {
+    const reply = await this.client.unary((o) =>
+      this.client.queues.requeueDead(
+        { queue: this.name, ids: options.ids ?? [], limit: BigInt(options.limit ?? 0) },
+        o,
+      ),
+    );
+    return reply.ids;
+  }
+
+  /** The stored messages in order, without consuming them (see `BrowseOptions`). */
+  browse(options: BrowseOptions = {}): AsyncIterable<StoredMessage> {
+    return browse(this.client, this.name, options);
   }
 
   /** Remove every stored message (ids keep increasing). */

@@ -25,6 +25,15 @@ test("the README example runs as written against scripts/run.sh's kind of gatewa
     writeFileSync(join(dir, "example.mjs"), example.replace("http://127.0.0.1:8443", deployment.url));
     const { stdout } = await promisify(execFile)(process.execPath, ["example.mjs"], { cwd: dir });
     assert.equal(stdout, "1n { order: 1 }\n2n { order: 2 }\n");
+
+    // The later examples continue the first one's client.
+    const fences = [...readme.matchAll(/```ts\n([\s\S]*?)```/g)].map((m) => m[1] ?? "");
+    const prelude = example.slice(0, example.indexOf("const orders"));
+    assert.equal(fences.length, 2, "the README's examples");
+    const persistables = `${prelude}${fences[1]}await client.close();\n`;
+    writeFileSync(join(dir, "persistables.mjs"), persistables.replace("http://127.0.0.1:8443", deployment.url));
+    const second = await promisify(execFile)(process.execPath, ["persistables.mjs"], { cwd: dir });
+    assert.equal(second.stdout, "[ 'items', 'total' ]\n");
   } finally {
     rmSync(dir, { recursive: true, force: true });
     await deployment.stop();

@@ -1,0 +1,165 @@
+// The rest of the object kinds through a live gateway: the processing controls, dead
+// letters, listings and browsing of queues, and persistables shared with Python.
+
+import assert from "node:assert/strict";
+import { execFile } from "node:child_process";
+import { describe, test } from "node:test";
+import { promisify } from "node:util";
+import type { Delivery } from "../src/index.js";
+import { liveGateway, PYTHON, ROOT } from "./support.js";
+
+const run = promisify(execFile);
+
+/** Run `code` in Python with a bus on the deployment's Redis as `bus`; returns its stdout. */
+async function python(redisPort: number, code: string): Promise<string> {
+  const script = [
+    "import asyncio, json",
+    "from busmq import Bus, BusSettings",
+    "async def main(bus):",
+    ...code.trim().split("\n").map((line) => `    ${line}`),
+    "async def entry():",
+    `    async with Bus(BusSettings(redis_urls=("redis://127.0.0.1:${redisPort}",))) as bus:`,
+    "        await main(bus)",
+    "asyncio.run(entry())",
+  ].join("\n");
+  const { stdout } = await run(PYTHON, ["-c", script], { cwd: ROOT });
+  return stdout.trim();
+}
+
+async function next(iterator: AsyncIterator<Delivery>): Promise<Delivery> {
+  const step = await iterator.next();
+  assert.ok(!step.done, "the consumer ended");
+  return step.value;
+}
+
+describe("controls, dead letters, listings and persistables through a live gateway", () => {
+  const live = liveGateway();
+
+  test("pause, rate limit, max deliveries, nack with a delay, reject and requeue", async () => {
+    const { client } = live();
+    const jobs = client.queue("ts-jobs");
+    await jobs.attach();
+    await jobs.pause();
+    await jobs.setRateLimit({ limit: 50, perSeconds: 2 });
+    await jobs.setMaxDeliveries(2);
+    let info = await jobs.info();
+    assert.equal(info.paused, true);
+    assert.deepEqual(info.rateLimit, { limit: 50, perSeconds: 2 });
+    assert.equal(info.maxDeliveries, 2);
+    await jobs.setRateLimit(null);
+    await jobs.resume();
+    info = await jobs.info();
+    assert.equal(info.paused, false);
+    assert.equal(info.rateLimit, undefined);
+
+    await jobs.pushBatch(["poison", "flaky", "fine"]);
+    const consumer = jobs.consume({ mode: "at-least-once", prefetch: 1 });
+    const deliveries = consumer[Symbol.asyncIterator]();
+    const poison = await next(deliveries);
+    assert.equal(poison.data, "poison");
+    await poison.reject("cannot parse");
+    const flaky = await next(deliveries);
+    await flaky.nack({ delaySeconds: 0.5, error: "try later" });
+    assert.equal((await jobs.info()).delayed, 1n);
+    const fine = await next(deliveries);
+    assert.equal(fine.data, "fine");
+    await fine.ack();
+    const again = await next(deliveries); // after its delay
+    assert.equal(again.data, "flaky");
+    assert.equal(again.deliveryCount, 2);
+    await again.nack({ error: "still failing" }); // its second failed delivery: max deliveries
+    await consumer.stop();
+
+    info = await jobs.info();
+    assert.equal(info.deadLetters, 2n);
+    const dead = [];
+    for await (const message of client.queue("ts-jobs:dead").browse()) {
+      dead.push([message.data, message.headers["busmq-dead-reason"], message.headers["busmq-dead-error"]]);
+    }
+    assert.deepEqual(dead, [
+      ["poison", "rejected", "cannot parse"],
+      ["flaky", "max-deliveries", "still failing"],
+    ]);
+    const requeued = await jobs.requeueDead({ limit: 1 });
+    assert.equal(requeued.length, 1);
+    const stored = [];
+    for await (const message of jobs.browse({ fromId: requeued[0] })) {
+      stored.push([message.data, message.headers["busmq-requeued-id"]]);
+    }
+    assert.deepEqual(stored, [["poison", "1"]]);
+    assert.equal((await jobs.info()).deadLetters, 1n);
+  });
+
+  test("listQueues pages through the queues of a prefix with their counts", async () => {
+    const { client } = live();
+    const names = Array.from({ length: 7 }, (_, i) => `ts-listed-${i}`);
+    for (const [i, name] of names.entries()) {
+      const queue = client.queue(name);
+      await queue.attach();
+      await queue.pushBatch(Array.from({ length: i + 1 }, (_, n) => n));
+    }
+    await client.queue("ts-listed-3").pause();
+    const listed = [];
+    for await (const summary of client.listQueues({ prefix: "ts-listed-", pageSize: 3 })) {
+      listed.push(summary);
+    }
+    assert.deepEqual(listed.map((q) => q.name), names);
+    assert.deepEqual(listed.map((q) => q.count), names.map((_, i) => BigInt(i + 1)));
+    assert.deepEqual(listed.map((q) => q.paused), names.map((name) => name === "ts-listed-3"));
+  });
+
+  test("browse follows new messages until the loop is left", async () => {
+    const { client } = live();
+    const feed = client.queue("ts-feed");
+    await feed.attach();
+    await feed.push("first");
+    const seen: string[] = [];
+    for await (const message of feed.browse({ follow: true })) {
+      seen.push(message.data as string);
+      if (seen.length === 1) {
+        await feed.push("second");
+      } else {
+        break;
+      }
+    }
+    assert.deepEqual(seen, ["first", "second"]);
+  });
+
+  test("a persistable saved by Python is loaded here, and one saved here is loaded by Python", async () => {
+    const { client, deployment } = live();
+    await python(
+      deployment.redisPort,
+      `
+cart = bus.persistable("ts-cart", {"items": [], "total": 0}, ttl=60)
+cart.update({"items": ["book"], "total": 12})
+await cart.save()`,
+    );
+    const cart = client.persistable("ts-cart", { items: [] as string[], total: 0, note: "none" }, { ttlSeconds: 60 });
+    assert.equal(await cart.load(), true);
+    assert.deepEqual(cart.values, { items: ["book"], total: 12, note: "none" });
+    assert.deepEqual(cart.changed, ["note"]); // not stored yet
+    cart.set("items", ["book", "pen"]);
+    cart.set("total", 15);
+    assert.deepEqual(await cart.save(), ["items", "note", "total"]);
+    assert.deepEqual(await cart.save(), []); // nothing changed since
+    const ttl = await cart.remainingTtl();
+    assert.ok(ttl !== undefined && ttl > 50 && ttl <= 60);
+
+    const loaded = JSON.parse(
+      await python(
+        deployment.redisPort,
+        `
+cart = bus.persistable("ts-cart", ["items", "total", "note"])
+print(json.dumps({"existed": await cart.load(), "values": dict(cart)}))`,
+      ),
+    );
+    assert.deepEqual(loaded, { existed: true, values: { items: ["book", "pen"], total: 15, note: "none" } });
+
+    // Untouched defaults of a new owner do not overwrite what another owner stored.
+    const other = client.persistable("ts-cart", { total: 0 });
+    await other.save();
+    assert.equal(other.get("total"), 15);
+    await cart.delete();
+    assert.equal(await client.persistable("ts-cart", { total: 0 }).load(), false);
+  });
+});
