@@ -43,11 +43,14 @@ type Options struct {
 type Client struct {
 	conn    *grpc.ClientConn
 	timeout time.Duration
-	// Queues is the generated QueueService client, for calls the helpers do not cover.
-	Queues pb.QueueServiceClient
-	pushes *pushCoalescer
-	stream *pushStream
-	tracer trace.Tracer
+	// The generated service clients, for calls the helpers do not cover.
+	Queues       pb.QueueServiceClient
+	Requests     pb.RequestServiceClient
+	Channels     pb.ChannelServiceClient
+	Persistables pb.PersistableServiceClient
+	pushes       *pushCoalescer
+	stream       *pushStream
+	tracer       trace.Tracer
 }
 
 // Dial connects to the gateway (lazily: the first call opens the connection).
@@ -78,7 +81,9 @@ func Dial(ctx context.Context, options Options) (*Client, error) {
 	if timeout == 0 {
 		timeout = 10 * time.Second
 	}
-	client := &Client{conn: conn, timeout: timeout, Queues: pb.NewQueueServiceClient(conn), tracer: options.Tracer}
+	client := &Client{conn: conn, timeout: timeout, tracer: options.Tracer,
+		Queues: pb.NewQueueServiceClient(conn), Requests: pb.NewRequestServiceClient(conn),
+		Channels: pb.NewChannelServiceClient(conn), Persistables: pb.NewPersistableServiceClient(conn)}
 	client.pushes = &pushCoalescer{client: client}
 	client.stream = &pushStream{client: client}
 	return client, nil

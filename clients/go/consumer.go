@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"math/rand"
+	"sync/atomic"
 	"time"
 
 	pb "busmq.dev/go/gen/busmq/v1"
@@ -74,6 +75,8 @@ type Consumer struct {
 	lastID     uint64
 	// Resumes counts the streams reopened after a break (read after Deliveries closed).
 	Resumes int
+	// consumerID is the gateway's id of the current stream's consumer (a string).
+	consumerID atomic.Value
 }
 
 // Consume starts consuming; read Deliveries until it is closed, then Err.
@@ -162,6 +165,8 @@ func (c *Consumer) stream(ctx context.Context) (ended bool, err error) {
 					return true, nil
 				}
 			}
+		case *pb.ConsumeResponse_Started:
+			c.consumerID.Store(event.Started.ConsumerId)
 		case *pb.ConsumeResponse_State:
 			if event.State.Kind == "closed" {
 				return true, nil

@@ -58,6 +58,9 @@ var (
 	ErrModeConflict    = &Error{Reason: "MODE_CONFLICT"}
 	ErrNotConfirmed    = &Error{Reason: "DURABILITY_NOT_CONFIRMED"}
 	ErrProducerFenced  = &Error{Reason: "PRODUCER_FENCED"}
+	ErrHandlerFailed   = &Error{Reason: "HANDLER_FAILED"}
+	ErrRequestTimeout  = &Error{Reason: "REQUEST_TIMEOUT"}
+	ErrChannelEnded    = &Error{Reason: "CHANNEL_ENDED"}
 	ErrUnavailable     = &Error{Code: codes.Unavailable}
 )
 

@@ -188,14 +188,21 @@ func (q *Queue) Push(ctx context.Context, message Message) (uint64, error) {
 	return ids[0], nil
 }
 
-// Info is a queue's counters.
+// Info is a queue's counters and the controls in force.
 type Info struct {
-	Count, LastID uint64
-	TTL           time.Duration
-	Metadata      map[string]string
+	Count, LastID, Pending, Delayed, DeadLetters uint64
+	TTL                                          time.Duration
+	Metadata                                     map[string]string
+	// Mode is "" until the first consumer fixes it.
+	Mode          string
+	Paused        bool
+	RateLimit     *RateLimit
+	KeyRateLimit  *RateLimit
+	MaxDeliveries uint32
+	DropExpired   bool
 }
 
-// Info returns the queue's counters, ttl and metadata.
+// Info returns the queue's counters, ttl, metadata and controls.
 func (q *Queue) Info(ctx context.Context) (Info, error) {
 	var reply *pb.GetQueueResponse
 	err := q.client.unary(ctx, func(ctx context.Context) (err error) {
@@ -205,7 +212,13 @@ func (q *Queue) Info(ctx context.Context) (Info, error) {
 	if err != nil {
 		return Info{}, err
 	}
-	return Info{Count: reply.Count, LastID: reply.LastId, TTL: reply.Ttl.AsDuration(), Metadata: reply.Metadata}, nil
+	return Info{
+		Count: reply.Count, LastID: reply.LastId, Pending: reply.Pending, Delayed: reply.Delayed,
+		DeadLetters: reply.DeadLetters, TTL: reply.Ttl.AsDuration(), Metadata: reply.Metadata,
+		Mode: reply.Mode, Paused: reply.Paused, RateLimit: rateLimitOf(reply.RateLimit),
+		KeyRateLimit: rateLimitOf(reply.KeyRateLimit), MaxDeliveries: reply.MaxDeliveries,
+		DropExpired: reply.DropExpired,
+	}, nil
 }
 
 func newRequestID() string {

@@ -101,19 +101,25 @@ func knownFlags(headers map[string]string) carrier {
 // the context the message carries, when the client traces; else it just runs handle.
 func (d Delivery) Traced(ctx context.Context, handle func(context.Context) error) error {
 	queue := d.consumer.queue
-	tracer := queue.client.tracer
+	return process(ctx, queue.client.tracer, queue.Name, d.ID, d.Headers, handle)
+}
+
+// process runs handle in a CONSUMER span for message id of destination, a child of the
+// context headers carry, when tracer is not nil.
+func process(ctx context.Context, tracer trace.Tracer, destination string, id uint64,
+	headers map[string]string, handle func(context.Context) error) error {
 	if tracer == nil {
 		return handle(ctx)
 	}
-	parent := w3c.Extract(ctx, knownFlags(d.Headers))
-	ctx, span := tracer.Start(parent, "process "+queue.Name,
+	parent := w3c.Extract(ctx, knownFlags(headers))
+	ctx, span := tracer.Start(parent, "process "+destination,
 		trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithAttributes(
 			attribute.String("messaging.system", "busmq"),
-			attribute.String("messaging.destination.name", queue.Name),
+			attribute.String("messaging.destination.name", destination),
 			attribute.String("messaging.operation.type", "process"),
 			attribute.String("messaging.operation.name", "process"),
-			attribute.String("messaging.message.id", fmt.Sprint(d.ID)),
+			attribute.String("messaging.message.id", fmt.Sprint(id)),
 		))
 	defer span.End()
 	err := handle(ctx)
@@ -122,4 +128,18 @@ func (d Delivery) Traced(ctx context.Context, handle func(context.Context) error
 		span.SetStatus(codes.Error, err.Error())
 	}
 	return err
+}
+
+// withContext is headers with the current trace context added (a copy; headers win),
+// when the client traces.
+func withContext(ctx context.Context, tracer trace.Tracer, headers map[string]string) map[string]string {
+	if tracer == nil {
+		return headers
+	}
+	merged := carrier{}
+	w3c.Inject(ctx, merged)
+	for key, value := range headers {
+		merged[key] = value
+	}
+	return merged
 }

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -170,5 +171,47 @@ func TestATraceSpansAFederationCutToAGoConsumer(t *testing.T) {
 	}
 	if process.Parent().SpanID().String() != sendSpanID || !process.Parent().IsRemote() {
 		t.Fatalf("the handling span's parent is %v, not the remote push %s", process.Parent().SpanID(), sendSpanID)
+	}
+}
+
+// A request from Go to a traced Python handler is one trace: the handler's span is a
+// child of the requester's; a Go handler's span is a child of a Go requester's.
+func TestARequestIsOneTraceAcrossLanguages(t *testing.T) {
+	d := start(t)
+	client, recorder, provider := tracedClient(t, d)
+	python := filepath.Join(repoRoot(), ".venv", "bin", "python")
+	handler := exec.Command(python, "-m", "tests.support.service_worker",
+		fmt.Sprintf(`["redis://127.0.0.1:%d"]`, d.redisPort), "py-traced", "traced")
+	handler.Dir = repoRoot()
+	waitFor(t, handler, `"serving"`)
+	t.Cleanup(func() { stop(handler, syscall.SIGTERM) })
+	ctx, quote := provider.Tracer("app").Start(context.Background(), "quote")
+	reply, err := client.Service("py-traced").Request(ctx, Message{Payload: []byte(`{"op":"trace"}`),
+		Kind: pb.PayloadKind_PAYLOAD_KIND_JSON}, 10*time.Second)
+	quote.End()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids map[string]string
+	if err := json.Unmarshal(reply.Payload, &ids); err != nil {
+		t.Fatal(err)
+	}
+	if ids["trace_id"] != quote.SpanContext().TraceID().String() || ids["parent_id"] != quote.SpanContext().SpanID().String() {
+		t.Fatalf("the Python handler's span %v is not a child of %v", ids, quote.SpanContext())
+	}
+
+	server := client.Service("go-traced").Serve(context.Background(), func(ctx context.Context, request ServedRequest) (Message, error) {
+		return Text("ok"), nil
+	}, ServeOptions{})
+	defer server.Stop()
+	ctx, ask := provider.Tracer("app").Start(context.Background(), "ask")
+	if _, err := client.Service("go-traced").Request(ctx, Text("?"), 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	ask.End()
+	server.Stop()
+	process := ended(recorder, "process go-traced")
+	if process == nil || process.Parent().SpanID() != ask.SpanContext().SpanID() {
+		t.Fatalf("the Go handler's span is not a child of the request's: %v", process)
 	}
 }

@@ -123,14 +123,16 @@ describe("request/reply and channels through a live gateway", () => {
     assert.ok(a.resumes >= 1 && b.resumes >= 1);
     assert.ok(events.a.includes("resuming"));
     await b.send("after the restart");
-    const seen: string[] = [];
-    while (seen.length < 2) {
+    // At least once: the unacked message comes again (a redelivery may come twice when
+    // the visibility timeout passes while it waits in the read-ahead).
+    const seen = new Map<string, number>();
+    while (seen.size < 2) {
       const message = (await inbox.next()).value as ChannelMessage;
-      seen.push(`${message.data as string}#${message.deliveryCount}`);
+      if (!seen.has(message.data as string)) seen.set(message.data as string, message.deliveryCount);
       await message.ack();
     }
-    seen.sort();
-    assert.deepEqual(seen, ["after the restart#1", "before the crash#2"]);
+    assert.equal(seen.get("after the restart"), 1);
+    assert.ok((seen.get("before the crash") ?? 0) >= 2, JSON.stringify([...seen]));
     await a.end();
   });
 });

@@ -1,0 +1,383 @@
+package busmq
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	pb "busmq.dev/go/gen/busmq/v1"
+)
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// pythonOn runs a Python script on the deployment's Redis (its URL is sys.argv[1]).
+func pythonOn(d *deployment, script string) *exec.Cmd {
+	python := filepath.Join(repoRoot(), ".venv", "bin", "python")
+	command := exec.Command(python, "-c", script, fmt.Sprintf("redis://127.0.0.1:%d", d.redisPort))
+	command.Dir = repoRoot()
+	return command
+}
+
+func JSON(value interface{}) Message {
+	payload, _ := json.Marshal(value)
+	return Message{Payload: payload, Kind: pb.PayloadKind_PAYLOAD_KIND_JSON}
+}
+
+func next(t *testing.T, deliveries <-chan Delivery) Delivery {
+	t.Helper()
+	select {
+	case delivery, ok := <-deliveries:
+		if !ok {
+			t.Fatal("the consumer ended")
+		}
+		return delivery
+	case <-time.After(10 * time.Second):
+		t.Fatal("no delivery")
+	}
+	return Delivery{}
+}
+
+func TestControlsDeadLettersAndListings(t *testing.T) {
+	d := start(t)
+	client := dial(t, d, d.secret)
+	ctx := context.Background()
+	jobs := client.Queue("go-jobs")
+	_, err := jobs.Attach(ctx, 0)
+	must(t, err)
+	must(t, jobs.Pause(ctx))
+	must(t, jobs.SetRateLimit(ctx, &RateLimit{Limit: 50, Per: 2 * time.Second}))
+	must(t, jobs.SetMaxDeliveries(ctx, 2))
+	info, err := jobs.Info(ctx)
+	must(t, err)
+	if !info.Paused || info.RateLimit == nil || *info.RateLimit != (RateLimit{Limit: 50, Per: 2 * time.Second}) || info.MaxDeliveries != 2 {
+		t.Fatalf("controls %+v", info)
+	}
+	must(t, jobs.SetRateLimit(ctx, nil))
+	must(t, jobs.Resume(ctx))
+	if info, _ = jobs.Info(ctx); info.Paused || info.RateLimit != nil {
+		t.Fatalf("controls not cleared: %+v", info)
+	}
+
+	_, err = jobs.PushBatch(ctx, []Message{Text("poison"), Text("flaky"), Text("fine")})
+	must(t, err)
+	consumer := jobs.Consume(ctx, ConsumeOptions{Mode: pb.ConsumeMode_CONSUME_MODE_AT_LEAST_ONCE, Prefetch: 1})
+	defer consumer.Stop()
+	poison := next(t, consumer.Deliveries())
+	must(t, poison.Reject(ctx, "cannot parse"))
+	flaky := next(t, consumer.Deliveries())
+	must(t, flaky.Nack(ctx, NackOptions{Delay: 500 * time.Millisecond, Error: "try later"}))
+	if info, _ = jobs.Info(ctx); info.Delayed != 1 {
+		t.Fatalf("delayed %d", info.Delayed)
+	}
+	fine := next(t, consumer.Deliveries())
+	must(t, fine.Ack(ctx))
+	again := next(t, consumer.Deliveries())
+	if string(again.Payload) != "flaky" || again.DeliveryCount != 2 {
+		t.Fatalf("redelivery %q #%d", again.Payload, again.DeliveryCount)
+	}
+	must(t, again.Nack(ctx, NackOptions{Error: "still failing"})) // max deliveries reached
+	consumer.Stop()
+
+	var dead [][3]string
+	must(t, jobs.DeadLetters().Browse(ctx, BrowseOptions{}, func(m StoredMessage) bool {
+		dead = append(dead, [3]string{string(m.Payload), m.Headers["busmq-dead-reason"], m.Headers["busmq-dead-error"]})
+		return true
+	}))
+	want := [][3]string{{"poison", "rejected", "cannot parse"}, {"flaky", "max-deliveries", "still failing"}}
+	if !reflect.DeepEqual(dead, want) {
+		t.Fatalf("dead letters %v", dead)
+	}
+	requeued, err := jobs.RequeueDead(ctx, nil, 1)
+	must(t, err)
+	var back []string
+	must(t, jobs.Browse(ctx, BrowseOptions{FromID: requeued[0]}, func(m StoredMessage) bool {
+		back = append(back, string(m.Payload)+"#"+m.Headers["busmq-requeued-id"])
+		return true
+	}))
+	if !reflect.DeepEqual(back, []string{"poison#1"}) {
+		t.Fatalf("requeued %v", back)
+	}
+
+	for i := 1; i <= 5; i++ {
+		queue := client.Queue(fmt.Sprintf("go-listed-%d", i))
+		_, err := queue.Attach(ctx, 0)
+		must(t, err)
+		_, err = queue.PushBatch(ctx, make([]Message, i))
+		must(t, err)
+	}
+	listed, err := client.ListQueues(ctx, "go-listed-", 2)
+	must(t, err)
+	if len(listed) != 5 {
+		t.Fatalf("listed %d queues", len(listed))
+	}
+	for i, q := range listed {
+		if q.Name != fmt.Sprintf("go-listed-%d", i+1) || q.Count != uint64(i+1) {
+			t.Fatalf("listed %+v", q)
+		}
+	}
+}
+
+func TestBrowseFollowsNewMessagesUntilTheVisitStops(t *testing.T) {
+	d := start(t)
+	client := dial(t, d, d.secret)
+	ctx := context.Background()
+	feed := client.Queue("go-feed")
+	_, err := feed.Attach(ctx, 0)
+	must(t, err)
+	_, err = feed.Push(ctx, Text("first"))
+	must(t, err)
+	var seen []string
+	must(t, feed.Browse(ctx, BrowseOptions{Follow: true}, func(m StoredMessage) bool {
+		seen = append(seen, string(m.Payload))
+		if len(seen) == 1 {
+			go feed.Push(ctx, Text("second"))
+			return true
+		}
+		return false
+	}))
+	if !reflect.DeepEqual(seen, []string{"first", "second"}) {
+		t.Fatalf("seen %v", seen)
+	}
+}
+
+func TestAPersistableIsSharedWithPython(t *testing.T) {
+	d := start(t)
+	client := dial(t, d, d.secret)
+	ctx := context.Background()
+	saved := pythonOn(d, `
+import asyncio, sys
+from busmq import Bus, BusSettings
+async def main():
+    async with Bus(BusSettings(redis_urls=(sys.argv[1],))) as bus:
+        cart = bus.persistable("go-cart", {"items": [], "total": 0}, ttl=60)
+        cart.update({"items": ["book"], "total": 12})
+        await cart.save()
+asyncio.run(main())
+`)
+	if out, err := saved.CombinedOutput(); err != nil {
+		t.Fatalf("python: %v %s", err, out)
+	}
+	cart, err := client.Persistable("go-cart", map[string]interface{}{"items": []string{}, "total": 0, "note": "none"}, time.Minute)
+	must(t, err)
+	existed, err := cart.Load(ctx)
+	must(t, err)
+	var items []string
+	var total int
+	must(t, cart.Get("items", &items))
+	must(t, cart.Get("total", &total))
+	if !existed || !reflect.DeepEqual(items, []string{"book"}) || total != 12 {
+		t.Fatalf("loaded %v %v %v", existed, items, total)
+	}
+	if !reflect.DeepEqual(cart.Changed(), []string{"note"}) {
+		t.Fatalf("changed %v", cart.Changed())
+	}
+	must(t, cart.Set("items", append(items, "pen")))
+	must(t, cart.Set("total", 15))
+	written, err := cart.Save(ctx)
+	must(t, err)
+	if !reflect.DeepEqual(written, []string{"items", "note", "total"}) {
+		t.Fatalf("written %v", written)
+	}
+	if ttl, ok, err := cart.RemainingTTL(ctx); err != nil || !ok || ttl <= 50*time.Second {
+		t.Fatalf("ttl %v %v %v", ttl, ok, err)
+	}
+	loaded := pythonOn(d, `
+import asyncio, json, sys
+from busmq import Bus, BusSettings
+async def main():
+    async with Bus(BusSettings(redis_urls=(sys.argv[1],))) as bus:
+        cart = bus.persistable("go-cart", ["items", "total", "note"])
+        print(json.dumps({"existed": await cart.load(), "values": dict(cart)}))
+asyncio.run(main())
+`)
+	out, err := loaded.Output()
+	must(t, err)
+	if strings.TrimSpace(string(out)) != `{"existed": true, "values": {"items": ["book", "pen"], "total": 15, "note": "none"}}` {
+		t.Fatalf("python loaded %s", out)
+	}
+	other, err := client.Persistable("go-cart", map[string]interface{}{"total": 0}, 0)
+	must(t, err)
+	_, err = other.Save(ctx) // an untouched default does not overwrite the stored value
+	must(t, err)
+	must(t, other.Get("total", &total))
+	if total != 15 {
+		t.Fatalf("a default overwrote the stored total: %d", total)
+	}
+	must(t, cart.Delete(ctx))
+	if existed, err := other.Load(ctx); err != nil || existed {
+		t.Fatalf("deleted object loaded: %v %v", existed, err)
+	}
+}
+
+func TestRequestReplyWithPythonAndGoHandlers(t *testing.T) {
+	d := start(t)
+	client := dial(t, d, d.secret)
+	ctx := context.Background()
+	handler := pythonOn(d, "")
+	handler.Args = []string{handler.Args[0], "-m", "tests.support.service_worker",
+		fmt.Sprintf(`["redis://127.0.0.1:%d"]`, d.redisPort), "py-double"}
+	waitFor(t, handler, `"serving"`)
+	t.Cleanup(func() { stop(handler, syscall.SIGTERM) })
+	reply, err := client.Service("py-double").Request(ctx, JSON(map[string]interface{}{"op": "double", "n": 21}), 10*time.Second)
+	must(t, err)
+	var doubled map[string]int
+	must(t, json.Unmarshal(reply.Payload, &doubled))
+	if doubled["double"] != 42 {
+		t.Fatalf("reply %s", reply.Payload)
+	}
+	var items []string
+	must(t, client.Service("py-double").RequestStream(ctx, JSON(map[string]interface{}{"op": "count", "to": 3}), 0,
+		func(item Reply) error {
+			items = append(items, string(item.Payload))
+			return nil
+		}))
+	if !reflect.DeepEqual(items, []string{"0", "1", "2"}) {
+		t.Fatalf("streamed %v", items)
+	}
+
+	server := client.Service("go-upper").Serve(ctx, func(ctx context.Context, request ServedRequest) (Message, error) {
+		if string(request.Payload) == "" {
+			return Message{}, errors.New("nothing to upper-case")
+		}
+		return Text(strings.ToUpper(string(request.Payload))), nil
+	}, ServeOptions{Concurrency: 4})
+	defer server.Stop()
+	upper, err := client.Service("go-upper").Request(ctx, Text("shout"), 10*time.Second)
+	must(t, err)
+	if string(upper.Payload) != "SHOUT" || upper.Kind != pb.PayloadKind_PAYLOAD_KIND_TEXT {
+		t.Fatalf("reply %q", upper.Payload)
+	}
+	_, err = client.Service("go-upper").Request(ctx, Text(""), 10*time.Second)
+	if !errors.Is(err, ErrHandlerFailed) || !strings.Contains(err.Error(), "nothing to upper-case") {
+		t.Fatalf("handler failure came back as %v", err)
+	}
+	if err := server.Stop(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestAGoChannelTalksToAPythonEnd(t *testing.T) {
+	d := start(t)
+	client := dial(t, d, d.secret)
+	ctx := context.Background()
+	python := pythonOn(d, `
+import asyncio, sys
+from busmq import Bus, BusSettings
+async def main():
+    async with Bus(BusSettings(redis_urls=(sys.argv[1],))) as bus:
+        end = bus.channel("go-chat", local="py", remote="go")
+        await end.connect()
+        print("connected", flush=True)
+        async for delivery in end:
+            await end.send({"echo": delivery.data, "from": "python"})
+            break
+        await asyncio.sleep(30)  # stays connected until the test ends the channel
+asyncio.run(main())
+`)
+	waitFor(t, python, "connected")
+	t.Cleanup(func() { stop(python, syscall.SIGTERM) })
+	var events []string
+	end := client.Channel("go-chat", ChannelRoles{Local: "go", Remote: "py"})
+	must(t, end.Connect(ctx, ChannelOptions{Mode: pb.ConsumeMode_CONSUME_MODE_AT_LEAST_ONCE,
+		OnEvent: func(e ChannelEvent) { events = append(events, e.Kind) }}))
+	if end.Role() != "go" || end.PeerRole() != "py" {
+		t.Fatalf("roles %s %s", end.Role(), end.PeerRole())
+	}
+	_, err := end.Send(ctx, JSON(map[string]int{"n": 7}))
+	must(t, err)
+	select {
+	case message := <-end.Messages():
+		var echo struct {
+			Echo map[string]int
+			From string
+		}
+		must(t, json.Unmarshal(message.Payload, &echo))
+		if echo.Echo["n"] != 7 || echo.From != "python" {
+			t.Fatalf("echo %s", message.Payload)
+		}
+		must(t, message.Ack(ctx))
+	case <-time.After(10 * time.Second):
+		t.Fatal("no echo from the Python end")
+	}
+	must(t, end.End(ctx))
+	if err := end.Err(); err != nil { // also: the end's goroutine is done with events
+		t.Fatal(err)
+	}
+	if len(events) == 0 || events[0] != "connected" {
+		t.Fatalf("events %v", events)
+	}
+}
+
+func TestAGoChannelEndResumesAfterAGatewayCrash(t *testing.T) {
+	d := start(t)
+	client := dial(t, d, d.secret)
+	ctx := context.Background()
+	connected := map[string]chan struct{}{"a": make(chan struct{}, 4), "b": make(chan struct{}, 4)}
+	open := func(local, remote string, mode pb.ConsumeMode) *ChannelEnd {
+		end := client.Channel("go-resume", ChannelRoles{Local: local, Remote: remote})
+		must(t, end.Connect(ctx, ChannelOptions{Mode: mode, VisibilityTimeout: time.Second,
+			OnEvent: func(e ChannelEvent) {
+				if e.Kind == "connected" {
+					connected[local] <- struct{}{}
+				}
+			}}))
+		return end
+	}
+	a := open("a", "b", pb.ConsumeMode_CONSUME_MODE_AT_LEAST_ONCE)
+	b := open("b", "a", pb.ConsumeMode_CONSUME_MODE_AT_MOST_ONCE)
+	defer b.Close()
+	for _, c := range connected {
+		<-c
+	}
+	_, err := b.Send(ctx, Text("before the crash"))
+	must(t, err)
+	first := <-a.Messages() // not acked
+	if string(first.Payload) != "before the crash" {
+		t.Fatalf("got %q", first.Payload)
+	}
+	stop(d.gateway, syscall.SIGKILL)
+	d.startGateway()
+	for name, c := range connected {
+		select {
+		case <-c:
+		case <-time.After(20 * time.Second):
+			t.Fatalf("end %s did not reconnect", name)
+		}
+	}
+	_, err = b.Send(ctx, Text("after the restart"))
+	must(t, err)
+	// At least once: the unacked message comes again (a redelivery may come twice when
+	// the visibility timeout passes while it waits in the read-ahead).
+	seen := map[string]uint32{}
+	for len(seen) < 2 {
+		select {
+		case m := <-a.Messages():
+			if _, again := seen[string(m.Payload)]; !again {
+				seen[string(m.Payload)] = m.DeliveryCount
+			}
+			must(t, m.Ack(ctx))
+		case <-time.After(10 * time.Second):
+			t.Fatalf("only %v", seen)
+		}
+	}
+	if seen["after the restart"] != 1 || seen["before the crash"] < 2 {
+		t.Fatalf("seen %v", seen)
+	}
+	must(t, a.End(ctx))
+	if a.Resumes < 1 {
+		t.Fatalf("resumes %d", a.Resumes)
+	}
+}
