@@ -12,6 +12,7 @@ figure, the median of each side and the ratio this tree / REV.
     .venv/bin/python bench/ab.py HEAD --bench gateway -- --seconds 5 --workers 1
     .venv/bin/python bench/ab.py HEAD --bench federation -- --seconds 5
     .venv/bin/python bench/ab.py 699ae03~1 --a 699ae03      # two revisions, neither this tree
+    .venv/bin/python bench/ab.py HEAD --a-extra "--tracing sdk"  # a feature on (A) and off (B)
 
 Uncommitted changes count as this tree's, so ``ab.py HEAD`` measures them. Before landing
 a change to a hot path, run it against the previous commit and show its table.
@@ -23,6 +24,7 @@ import argparse
 import json
 import math
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -154,6 +156,12 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument(
         "--a", metavar="REV", help="measure this revision as A instead of this work tree"
     )
+    parser.add_argument(
+        "--a-extra",
+        default="",
+        metavar="ARGS",
+        help="more bench arguments for A only (a feature on against the same code without it)",
+    )
     parser.add_argument("--bench", choices=sorted(BENCHES), default="core")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", type=Path, help="also write every round's figures here")
@@ -194,7 +202,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 order = ("A", "B") if round_ % 2 == 0 else ("B", "A")
                 for side in order:
                     print(f"round {round_ + 1}/{args.rounds}: {side} ...", file=sys.stderr)
-                    rows = run_once(args.bench, trees[side], extra, Path(tmp) / "out.json")
+                    side_extra = [*extra, *shlex.split(args.a_extra)] if side == "A" else extra
+                    rows = run_once(args.bench, trees[side], side_extra, Path(tmp) / "out.json")
                     sides[side].append(rows)
         finally:
             for tree in trees.values():

@@ -105,6 +105,7 @@ class Config:
     name_prefix: str = "bench"  # queue names: <prefix>-<scenario>-<i>
     request_ids: bool = False  # busmq: every push carries a fresh request id
     producer: bool = False  # busmq: every push carries its producer's next sequence
+    tracing: str = "off"  # busmq: off, api (propagation, no SDK), sdk (spans recorded)
 
 
 @dataclass(slots=True)
@@ -458,6 +459,26 @@ async def busmq_consume(run: Run, lane: Lane, consumer: Consumer, ack_every: int
             take(lane, delivery.payload)
 
 
+def _recording_provider() -> Any:
+    """An OpenTelemetry SDK provider that samples and records every span and exports
+    them in batches to nowhere: the cost an application with tracing on pays, without
+    an exporter's network."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import (
+        BatchSpanProcessor,
+        SpanExporter,
+        SpanExportResult,
+    )
+
+    class Dropped(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(Dropped()))
+    return provider
+
+
 async def run_busmq(config: Config, server: RedisTarget, scenario: str) -> Result:
     result = Result("busmq", scenario)
     run = Run(config)
@@ -470,7 +491,12 @@ async def run_busmq(config: Config, server: RedisTarget, scenario: str) -> Resul
     if config.durability != "async":
         overrides["durability"] = Durability.parse(config.durability)
         result.notes.append(f"durability {config.durability}")
-    bus = Bus(BusSettings(redis_urls=(server.url,), **overrides))
+    provider = None
+    if config.tracing != "off":
+        overrides["tracing"] = True
+        result.notes.append(f"tracing {config.tracing}")
+        provider = _recording_provider() if config.tracing == "sdk" else None
+    bus = Bus(BusSettings(redis_urls=(server.url,), **overrides), tracer_provider=provider)
     await bus.connect()
     consumers: list[Consumer] = []
     ctasks: list[asyncio.Task[None]] = []
@@ -889,6 +915,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--uvloop", action="store_true", help="run on uvloop (if installed)")
     p.add_argument(
+        "--tracing",
+        choices=("off", "api", "sdk"),
+        default="off",
+        help="busmq: trace propagation off, on with the API only, or on with the SDK recording",
+    )
+    p.add_argument(
         "--bus-setting",
         action="append",
         default=[],
@@ -941,6 +973,7 @@ async def main_async(args: argparse.Namespace) -> list[Result]:
         bus_settings=tuple(_setting(item) for item in args.bus_setting),
         request_ids=args.request_ids,
         producer=args.producer,
+        tracing=args.tracing,
     )
     results: list[Result] = []
     with local_redis() as server:

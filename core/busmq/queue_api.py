@@ -375,11 +375,8 @@ class QueueAPI(Generic[Absent, C]):
         """A push in a PRODUCER span, its context in every message's headers."""
         batch = list(items)
         with tracing.send(self.name, len(batch)) as (carrier, span):
-            traced = with_headers(batch, carrier)
-            if all(isinstance(item, EncodedMessage) for item in traced):
-                push = self._backend.push_encoded(traced, options)
-            else:
-                push = self._backend.push_items(traced, options)
+            # push_items checks every message's size, trace headers included.
+            push = self._backend.push_items(with_headers(batch, carrier), options)
             result = await self._pushed(count, push)
             tracing.sent(span, result.ids if isinstance(result, PushResult) else None)
             return result

@@ -13,7 +13,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from busmq import Bus, BusSettings, Delivery, Mode, Request
+from busmq import Bus, BusSettings, Delivery, MessageTooLargeError, Mode, Request
 from busmq.channel import Channel
 from tests.support.redis_server import RedisServer
 from tests.support.spans import named, parent_of
@@ -138,3 +138,20 @@ def test_tracing_is_read_from_the_environment() -> None:
     assert not BusSettings.from_env({}).tracing
     with pytest.raises(ValueError, match="BUSMQ_TRACING"):
         BusSettings.from_env({"BUSMQ_TRACING": "sometimes"})
+
+
+async def test_the_messages_of_a_traced_batch_carry_its_context_each_in_its_own_headers(
+    redis_server: RedisServer, make_bus: Callable[..., Any], spans: InMemorySpanExporter
+) -> None:
+    bus: Bus = await make_bus([redis_server.url], tracing=True, max_message_bytes=300)
+    async with bus.queue("traced-batch") as queue:
+        with trace.get_tracer("app").start_as_current_span("bulk"):
+            await queue.push_batch(["a", b"b", {"c": 3}, ("d", {"tenant": "t"})])
+            with pytest.raises(MessageTooLargeError):  # the trace headers count too
+                await queue.push_batch(["x" * 250])
+        got = [m async for m in queue.browse()]
+    assert [m.data for m in got] == ["a", b"b", {"c": 3}, "d"]
+    assert len({m.headers["traceparent"] for m in got}) == 1
+    assert got[3].headers["tenant"] == "t"
+    got[0].headers["traceparent"] = "changed"  # type: ignore[index]
+    assert got[1].headers["traceparent"] != "changed"  # decoded headers are not shared
