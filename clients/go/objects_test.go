@@ -267,6 +267,41 @@ func TestRequestReplyWithPythonAndGoHandlers(t *testing.T) {
 	if err := server.Stop(); err != nil {
 		t.Fatal(err)
 	}
+
+	counter := client.Service("go-count").ServeStream(ctx, func(ctx context.Context, request ServedRequest, send func(Message) error) error {
+		var to int
+		if err := json.Unmarshal(request.Payload, &to); err != nil {
+			return err
+		}
+		for i := 0; i < to; i++ {
+			if err := send(JSON(i)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}, ServeOptions{})
+	defer counter.Stop()
+	items = nil
+	must(t, client.Service("go-count").RequestStream(ctx, JSON(3), 0, func(item Reply) error {
+		items = append(items, string(item.Payload))
+		return nil
+	}))
+	if !reflect.DeepEqual(items, []string{"0", "1", "2"}) {
+		t.Fatalf("streamed from Go %v", items)
+	}
+	// A Python requester reads the whole streamed reply of the Go handler.
+	asked := pythonOn(d, `
+import asyncio, sys
+from busmq import Bus, BusSettings
+async def main():
+    async with Bus(BusSettings(redis_urls=(sys.argv[1],))) as bus:
+        print(await bus.service("go-count").request(4, timeout=10))
+asyncio.run(main())
+`)
+	out, err := asked.CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != "[0, 1, 2, 3]" {
+		t.Fatalf("python asked the Go handler: %v %s", err, out)
+	}
 }
 
 func TestAGoChannelTalksToAPythonEnd(t *testing.T) {

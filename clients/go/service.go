@@ -103,6 +103,11 @@ type ServedRequest struct {
 // ErrorType() string method ("Error" otherwise).
 type Handler func(ctx context.Context, request ServedRequest) (Message, error)
 
+// StreamHandler answers a request with a streamed reply: each send is one item the
+// requester's RequestStream receives as it comes; returning ends the reply (an error
+// fails it, as for Handler).
+type StreamHandler func(ctx context.Context, request ServedRequest, send func(Message) error) error
+
 // ServeOptions says how to serve (the zero value: the gateway's defaults).
 type ServeOptions struct {
 	// Concurrency is the number of requests handled at once (default 16).
@@ -113,13 +118,14 @@ type ServeOptions struct {
 
 // Server is a running handler of a service.
 type Server struct {
-	service *Service
-	handler Handler
-	options ServeOptions
-	stop    context.CancelFunc
-	done    chan struct{}
-	running sync.WaitGroup
-	err     error
+	service  *Service
+	handler  Handler
+	streamer StreamHandler
+	options  ServeOptions
+	stop     context.CancelFunc
+	done     chan struct{}
+	running  sync.WaitGroup
+	err      error
 	// Resumes counts the streams reopened after a break (read after Wait).
 	Resumes int
 }
@@ -129,11 +135,20 @@ type Server struct {
 // again). With a tracing client, each request is handled in a CONSUMER span that is a
 // child of the requester's.
 func (s *Service) Serve(ctx context.Context, handler Handler, options ServeOptions) *Server {
+	return s.serve(ctx, &Server{handler: handler}, options)
+}
+
+// ServeStream is Serve with a handler that streams its replies item by item.
+func (s *Service) ServeStream(ctx context.Context, handler StreamHandler, options ServeOptions) *Server {
+	return s.serve(ctx, &Server{streamer: handler}, options)
+}
+
+func (s *Service) serve(ctx context.Context, server *Server, options ServeOptions) *Server {
 	if options.Concurrency == 0 {
 		options.Concurrency = 16
 	}
 	ctx, stop := context.WithCancel(ctx)
-	server := &Server{service: s, handler: handler, options: options, stop: stop, done: make(chan struct{})}
+	server.service, server.options, server.stop, server.done = s, options, stop, make(chan struct{})
 	go server.run(ctx)
 	return server
 }
@@ -212,25 +227,36 @@ func (s *Server) stream(ctx context.Context, backoff *time.Duration) error {
 
 func (s *Server) answer(requestID string, request ServedRequest) {
 	client := s.service.client
-	var reply Message
-	handled := process(context.Background(), client.tracer, s.service.Name, request.ID, request.Headers,
-		func(ctx context.Context) (err error) {
-			reply, err = s.handler(ctx, request)
+	reply := func(answer *pb.ReplyRequest) error {
+		answer.RequestId = requestID
+		return client.unary(context.Background(), func(ctx context.Context) error {
+			_, err := client.Requests.Reply(ctx, answer)
 			return err
 		})
-	answer := &pb.ReplyRequest{RequestId: requestID}
-	if handled != nil {
+	}
+	var value Message
+	handled := process(context.Background(), client.tracer, s.service.Name, request.ID, request.Headers,
+		func(ctx context.Context) (err error) {
+			if s.streamer == nil {
+				value, err = s.handler(ctx, request)
+				return err
+			}
+			return s.streamer(ctx, request, func(item Message) error {
+				chunk := &pb.ReplyChunks{Items: []*pb.ReplyPayload{{Payload: item.Payload, Kind: item.Kind}}}
+				return reply(&pb.ReplyRequest{Reply: &pb.ReplyRequest_Chunks{Chunks: chunk}})
+			})
+		})
+	// A reply that does not arrive leaves the request to be handled again.
+	switch {
+	case handled != nil:
 		kind := "Error"
 		if typed, ok := handled.(interface{ ErrorType() string }); ok {
 			kind = typed.ErrorType()
 		}
-		answer.Reply = &pb.ReplyRequest_Error{Error: &pb.ReplyError{Type: kind, Message: handled.Error()}}
-	} else {
-		answer.Reply = &pb.ReplyRequest_Value{Value: &pb.ReplyPayload{Payload: reply.Payload, Kind: reply.Kind}}
+		_ = reply(&pb.ReplyRequest{Reply: &pb.ReplyRequest_Error{Error: &pb.ReplyError{Type: kind, Message: handled.Error()}}})
+	case s.streamer != nil:
+		_ = reply(&pb.ReplyRequest{Reply: &pb.ReplyRequest_Chunks{Chunks: &pb.ReplyChunks{End: true}}})
+	default:
+		_ = reply(&pb.ReplyRequest{Reply: &pb.ReplyRequest_Value{Value: &pb.ReplyPayload{Payload: value.Payload, Kind: value.Kind}}})
 	}
-	// A reply that does not arrive leaves the request to be handled again.
-	_ = client.unary(context.Background(), func(ctx context.Context) error {
-		_, err := client.Requests.Reply(ctx, answer)
-		return err
-	})
 }
