@@ -201,17 +201,10 @@ func (q *Queue) Browse(ctx context.Context, options BrowseOptions, visit func(St
 	if err != nil {
 		return asError(err)
 	}
-	for {
-		response, err := stream.Recv()
-		if err == io.EOF {
-			return nil
-		}
-		if err != nil {
-			return asError(err)
-		}
+	return receive(stream.Recv, func(response *pb.BrowseQueueResponse) (bool, error) {
 		batch, ok := response.Event.(*pb.BrowseQueueResponse_Messages)
 		if !ok {
-			continue
+			return true, nil
 		}
 		for _, m := range batch.Messages.Messages {
 			message := StoredMessage{ID: m.Id, Payload: m.Payload, Kind: m.Kind, Headers: m.Headers}
@@ -219,8 +212,26 @@ func (q *Queue) Browse(ctx context.Context, options BrowseOptions, visit func(St
 				message.PushTime = m.PushTime.AsTime()
 			}
 			if !visit(message) {
-				return nil
+				return false, nil
 			}
+		}
+		return true, nil
+	})
+}
+
+// receive calls each with a stream's responses until the stream ends (nil), fails, or
+// each says to stop.
+func receive[T any](recv func() (T, error), each func(T) (bool, error)) error {
+	for {
+		response, err := recv()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return asError(err)
+		}
+		if more, err := each(response); err != nil || !more {
+			return err
 		}
 	}
 }

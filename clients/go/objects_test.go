@@ -31,6 +31,19 @@ func pythonOn(d *deployment, script string) *exec.Cmd {
 	return command
 }
 
+// pythonBus runs body (indented Python) in an async function with a bus on the
+// deployment's Redis as bus.
+func pythonBus(d *deployment, body string) *exec.Cmd {
+	return pythonOn(d, `
+import asyncio, json, sys
+from busmq import Bus, BusSettings
+async def main():
+    async with Bus(BusSettings(redis_urls=(sys.argv[1],))) as bus:
+`+body+`
+asyncio.run(main())
+`)
+}
+
 func JSON(value interface{}) Message {
 	payload, _ := json.Marshal(value)
 	return Message{Payload: payload, Kind: pb.PayloadKind_PAYLOAD_KIND_JSON}
@@ -157,15 +170,10 @@ func TestAPersistableIsSharedWithPython(t *testing.T) {
 	d := start(t)
 	client := dial(t, d, d.secret)
 	ctx := context.Background()
-	saved := pythonOn(d, `
-import asyncio, sys
-from busmq import Bus, BusSettings
-async def main():
-    async with Bus(BusSettings(redis_urls=(sys.argv[1],))) as bus:
+	saved := pythonBus(d, `
         cart = bus.persistable("go-cart", {"items": [], "total": 0}, ttl=60)
         cart.update({"items": ["book"], "total": 12})
         await cart.save()
-asyncio.run(main())
 `)
 	if out, err := saved.CombinedOutput(); err != nil {
 		t.Fatalf("python: %v %s", err, out)
@@ -194,14 +202,9 @@ asyncio.run(main())
 	if ttl, ok, err := cart.RemainingTTL(ctx); err != nil || !ok || ttl <= 50*time.Second {
 		t.Fatalf("ttl %v %v %v", ttl, ok, err)
 	}
-	loaded := pythonOn(d, `
-import asyncio, json, sys
-from busmq import Bus, BusSettings
-async def main():
-    async with Bus(BusSettings(redis_urls=(sys.argv[1],))) as bus:
+	loaded := pythonBus(d, `
         cart = bus.persistable("go-cart", ["items", "total", "note"])
         print(json.dumps({"existed": await cart.load(), "values": dict(cart)}))
-asyncio.run(main())
 `)
 	out, err := loaded.Output()
 	must(t, err)
@@ -290,13 +293,8 @@ func TestRequestReplyWithPythonAndGoHandlers(t *testing.T) {
 		t.Fatalf("streamed from Go %v", items)
 	}
 	// A Python requester reads the whole streamed reply of the Go handler.
-	asked := pythonOn(d, `
-import asyncio, sys
-from busmq import Bus, BusSettings
-async def main():
-    async with Bus(BusSettings(redis_urls=(sys.argv[1],))) as bus:
+	asked := pythonBus(d, `
         print(await bus.service("go-count").request(4, timeout=10))
-asyncio.run(main())
 `)
 	out, err := asked.CombinedOutput()
 	if err != nil || strings.TrimSpace(string(out)) != "[0, 1, 2, 3]" {
@@ -308,11 +306,7 @@ func TestAGoChannelTalksToAPythonEnd(t *testing.T) {
 	d := start(t)
 	client := dial(t, d, d.secret)
 	ctx := context.Background()
-	python := pythonOn(d, `
-import asyncio, sys
-from busmq import Bus, BusSettings
-async def main():
-    async with Bus(BusSettings(redis_urls=(sys.argv[1],))) as bus:
+	python := pythonBus(d, `
         end = bus.channel("go-chat", local="py", remote="go")
         await end.connect()
         print("connected", flush=True)
@@ -320,7 +314,6 @@ async def main():
             await end.send({"echo": delivery.data, "from": "python"})
             break
         await asyncio.sleep(30)  # stays connected until the test ends the channel
-asyncio.run(main())
 `)
 	waitFor(t, python, "connected")
 	t.Cleanup(func() { stop(python, syscall.SIGTERM) })

@@ -72,20 +72,12 @@ func (s *Service) RequestStream(ctx context.Context, request Message, timeout ti
 	if err != nil {
 		return asError(err)
 	}
-	for {
-		response, err := stream.Recv()
-		if err == io.EOF {
-			return nil
-		}
-		if err != nil {
-			return asError(err)
-		}
+	return receive(stream.Recv, func(response *pb.CallStreamResponse) (bool, error) {
 		if item, ok := response.Event.(*pb.CallStreamResponse_Item); ok {
-			if err := each(Reply{Payload: item.Item.Payload, Kind: item.Item.Kind}); err != nil {
-				return err
-			}
+			return true, each(Reply{Payload: item.Item.Payload, Kind: item.Item.Kind})
 		}
-	}
+		return true, nil
+	})
 }
 
 // ServedRequest is a request as a handler sees it.

@@ -21,12 +21,7 @@ from busmq.federation import FederationSettings, FederationTarget
 from busmq_gateway import Gateway, GatewaySettings
 from tests.conftest import fast_settings
 from tests.federation.conftest import FAST_LINK
-from tests.gateway.test_queue_pages import (
-    ADMIN_SECRET,
-    PRINCIPALS,
-    VIEWER_SECRET,
-    with_dead_letters,
-)
+from tests.support.dashboard import ADMIN_SECRET, VIEWER_SECRET, admin_gateway, with_dead_letters
 from tests.support.gateway_process import GatewayProcess
 from tests.support.redis_server import RedisServer
 
@@ -138,25 +133,12 @@ async def test_dashboard_shows_queues_and_links_and_follows_changes(
 async def test_queue_page_charts_its_hour_and_takes_admin_actions(
     browser: Browser, artifacts: Path, redis_server: RedisServer
 ) -> None:
-    bus = Bus(fast_settings([redis_server.url]))
-    await bus.connect()
-    settings = GatewaySettings(
-        listen="127.0.0.1:0",
-        principals=PRINCIPALS,
-        bus=bus.settings,
-        http_listen="127.0.0.1:0",
-        history_seconds=0.2,
-        metrics_cache_seconds=0.1,
-    )
-    gateway = Gateway(settings, bus=bus)
-    await gateway.start()
-    try:
+    async with admin_gateway(redis_server.url) as (bus, root):
         await with_dead_letters(bus)
         orders = bus.queue("orders")
-        assert gateway.http is not None
         page = await browser.new_page(viewport={"width": 1280, "height": 1100})
         page.on("dialog", lambda dialog: dialog.accept())  # "remove every dead letter?"
-        await page.goto(f"http://127.0.0.1:{gateway.http.port}/")
+        await page.goto(root)
         await page.click('#queues tr[data-name="orders"] a')
         await until_text(page, "#q-name", "orders")
         # The charts fill from the gateway's samples, without a reload.
@@ -197,6 +179,3 @@ async def test_queue_page_charts_its_hour_and_takes_admin_actions(
         info = await orders.info()
         assert (info.paused, info.dead_letters, info.count) == (True, 0, 3)
         assert info.rate_limit is not None and info.rate_limit.limit == 5
-    finally:
-        await gateway.stop()
-        await bus.close()

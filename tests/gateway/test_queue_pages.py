@@ -13,47 +13,15 @@ from typing import Any
 import aiohttp
 import pytest
 
-from busmq import Bus, Mode
-from busmq_gateway import Gateway, GatewaySettings
-from busmq_gateway.principals import ALL_VERBS, Grant, Kind, Principal, Verb
-from tests.conftest import fast_settings
+from busmq import Bus
+from tests.support.dashboard import ADMIN_SECRET, VIEWER_SECRET, admin_gateway, with_dead_letters
 from tests.support.redis_server import RedisServer
-
-ADMIN_SECRET = "queue-pages-admin-0123456789"
-VIEWER_SECRET = "queue-pages-viewer-0123456789"
-PRINCIPALS = (
-    Principal(
-        "ops", (ADMIN_SECRET,), grants=(Grant(Kind.QUEUE, ("orders*",), ALL_VERBS),), metrics=True
-    ),
-    Principal(
-        "viewer",
-        (VIEWER_SECRET,),
-        grants=(Grant(Kind.QUEUE, ("*",), frozenset({Verb.CONSUME, Verb.ACK})),),
-        metrics=True,
-    ),
-)
 
 
 @pytest.fixture
 async def served(redis_server: RedisServer) -> AsyncIterator[tuple[Bus, str]]:
-    bus = Bus(fast_settings([redis_server.url]))
-    await bus.connect()
-    settings = GatewaySettings(
-        listen="127.0.0.1:0",
-        principals=PRINCIPALS,
-        bus=bus.settings,
-        http_listen="127.0.0.1:0",
-        history_seconds=0.05,
-        metrics_cache_seconds=0.05,
-    )
-    gateway = Gateway(settings, bus=bus)
-    await gateway.start()
-    assert gateway.http is not None
-    try:
-        yield bus, f"http://127.0.0.1:{gateway.http.port}/api/queues/"
-    finally:
-        await gateway.stop()
-        await bus.close()
+    async with admin_gateway(redis_server.url) as (bus, root):
+        yield bus, root + "api/queues/"
 
 
 async def call(
@@ -65,15 +33,6 @@ async def call(
         session.request(method, url, headers=headers, json=body) as response,
     ):
         return response.status, await response.json()
-
-
-async def with_dead_letters(bus: Bus) -> None:
-    orders = bus.queue("orders")
-    await orders.attach(ttl=60)
-    await orders.push_batch(["a", "b", "c", "d"])
-    async with orders.consume(Mode.AT_LEAST_ONCE, max=2) as consumer:
-        await (await consumer.__anext__()).reject("bad payload")
-        await (await consumer.__anext__()).reject("worse payload")
 
 
 async def test_actions_need_the_admin_grant_and_are_logged(
