@@ -5,10 +5,8 @@ package busmq
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
-	"math/rand"
 	"sync"
 	"time"
 
@@ -190,44 +188,31 @@ func (e *ChannelEnd) open(ctx, runCtx context.Context) (channelStream, error) {
 func (e *ChannelEnd) run(ctx context.Context, stream channelStream) {
 	defer close(e.done)
 	defer close(e.messages)
-	backoff := 100 * time.Millisecond
-	for ctx.Err() == nil {
-		var err error
+	e.err = resumeLoop(ctx, func(ctx context.Context, started func()) (bool, error) {
 		if stream == nil {
-			stream, err = e.open(ctx, ctx)
+			var err error
+			if stream, err = e.open(ctx, ctx); err != nil {
+				return e.isClosing(), err
+			}
 		}
-		ended := false
-		if err == nil {
-			backoff = 100 * time.Millisecond
-			ended, err = e.pump(ctx, stream)
-		}
-		e.mu.Lock()
-		closing := e.closing
-		e.mu.Unlock()
-		if ended || closing || ctx.Err() != nil {
-			return
-		}
-		var busError *Error
-		if err != nil && (!errors.As(err, &busError) || !streamResumable(busError)) {
-			e.err = err
-			return
-		}
-		stream = nil
+		started()
+		ended, err := e.pump(ctx, stream)
+		stream = nil // the next attempt reconnects
+		return ended || e.isClosing(), err
+	}, func(err error) {
 		e.Resumes++
 		reason := "stream ended"
 		if err != nil {
 			reason = err.Error()
 		}
 		e.event(ChannelEvent{Kind: "resuming", Details: map[string]string{"error": reason}})
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(backoff/2 + time.Duration(rand.Int63n(int64(backoff)))):
-		}
-		if backoff < 5*time.Second {
-			backoff *= 2
-		}
-	}
+	})
+}
+
+func (e *ChannelEnd) isClosing() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.closing
 }
 
 // pump delivers one stream's messages; ended says the channel ended.

@@ -2,9 +2,7 @@ package busmq
 
 import (
 	"context"
-	"errors"
 	"io"
-	"math/rand"
 	"sync/atomic"
 	"time"
 
@@ -100,32 +98,16 @@ func (c *Consumer) Stop() { c.stop() }
 
 func (c *Consumer) run(ctx context.Context) {
 	defer close(c.deliveries)
-	backoff := 100 * time.Millisecond
-	for ctx.Err() == nil && !c.reachedMax() {
-		ended, err := c.stream(ctx)
-		if ended || ctx.Err() != nil {
-			return
+	c.err = resumeLoop(ctx, func(ctx context.Context, started func()) (bool, error) {
+		if c.reachedMax() {
+			return true, nil
 		}
-		var busError *Error
-		if err != nil && (!errors.As(err, &busError) || !streamResumable(busError)) {
-			c.err = err
-			return
-		}
-		c.Resumes++ // broken, or ended by a draining gateway
-		jitter := time.Duration(rand.Int63n(int64(backoff)))
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(backoff/2 + jitter):
-		}
-		if backoff < 5*time.Second {
-			backoff *= 2
-		}
-	}
+		return c.stream(ctx, started)
+	}, func(error) { c.Resumes++ }) // broken, or ended by a draining gateway
 }
 
 // stream runs one Consume stream; ended says the consumer is done (Max or closed).
-func (c *Consumer) stream(ctx context.Context) (ended bool, err error) {
+func (c *Consumer) stream(ctx context.Context, started func()) (ended bool, err error) {
 	request := &pb.ConsumeRequest{
 		Queue:    c.queue.Name,
 		Mode:     c.options.Mode,
@@ -167,6 +149,7 @@ func (c *Consumer) stream(ctx context.Context) (ended bool, err error) {
 			}
 		case *pb.ConsumeResponse_Started:
 			c.consumerID.Store(event.Started.ConsumerId)
+			started()
 		case *pb.ConsumeResponse_State:
 			if event.State.Kind == "closed" {
 				return true, nil

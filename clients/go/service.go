@@ -5,9 +5,7 @@ package busmq
 
 import (
 	"context"
-	"errors"
 	"io"
-	"math/rand"
 	"sync"
 	"time"
 
@@ -160,30 +158,12 @@ func (s *Server) Wait() error {
 func (s *Server) run(ctx context.Context) {
 	defer close(s.done)
 	defer s.running.Wait()
-	backoff := 100 * time.Millisecond
-	for ctx.Err() == nil {
-		err := s.stream(ctx, &backoff)
-		if ctx.Err() != nil {
-			return
-		}
-		var busError *Error
-		if err != nil && (!errors.As(err, &busError) || !streamResumable(busError)) {
-			s.err = err
-			return
-		}
-		s.Resumes++
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(backoff/2 + time.Duration(rand.Int63n(int64(backoff)))):
-		}
-		if backoff < 5*time.Second {
-			backoff *= 2
-		}
-	}
+	s.err = resumeLoop(ctx, func(ctx context.Context, started func()) (bool, error) {
+		return false, s.stream(ctx, started)
+	}, func(error) { s.Resumes++ })
 }
 
-func (s *Server) stream(ctx context.Context, backoff *time.Duration) error {
+func (s *Server) stream(ctx context.Context, started func()) error {
 	request := &pb.ServeRequest{Service: s.service.Name, Concurrency: s.options.Concurrency}
 	if s.options.VisibilityTimeout > 0 {
 		request.VisibilityTimeout = durationpb.New(s.options.VisibilityTimeout)
@@ -202,7 +182,7 @@ func (s *Server) stream(ctx context.Context, backoff *time.Duration) error {
 		}
 		switch event := response.Event.(type) {
 		case *pb.ServeResponse_Started:
-			*backoff = 100 * time.Millisecond
+			started()
 		case *pb.ServeResponse_Request:
 			served := event.Request
 			m := served.Message
