@@ -87,7 +87,11 @@ async def test_dashboard_shows_queues_and_links_and_follows_changes(
             FederationSettings(targets=[target], outbox_path=outbox, **FAST_LINK)
         )
         settings = GatewaySettings(
-            listen="127.0.0.1:0", secrets=(SECRET,), bus=bus.settings, http_listen="127.0.0.1:0"
+            listen="127.0.0.1:0",
+            secrets=(SECRET,),
+            bus=bus.settings,
+            http_listen="127.0.0.1:0",
+            history_seconds=0.2,
         )
         gateway = Gateway(settings, bus=bus)
         await gateway.start()
@@ -113,6 +117,12 @@ async def test_dashboard_shows_queues_and_links_and_follows_changes(
             await page.wait_for_selector(f'#federation tr[data-name="{target.url}"]')
             assert await cell(page, "federation", target.url, 2) == "ready"
             assert (await page.inner_text("#shards")).count("online") == 1
+            # The link's hour is charted: its state (1: up) and outbox, sample by sample.
+            up_chart = f'[data-chart="link:{target.url}:up"]'
+            await page.wait_for_function(
+                "(s) => Number(document.querySelector(s)?.dataset.points) >= 2", arg=up_chart
+            )
+            assert await page.get_attribute(up_chart, "data-last") == "1"
             await page.screenshot(path=artifacts / "dashboard.png", full_page=True)
 
             # The page refreshes itself: a push shows up without a reload...
@@ -123,6 +133,9 @@ async def test_dashboard_shows_queues_and_links_and_follows_changes(
             state = f'#federation tr[data-name="{target.url}"] td:nth-child(2)'
             await until_text(page, state, "ready", equal=False, timeout=15)
             assert await cell(page, "federation", target.url, 2) in ("connecting", "disconnected")
+            await page.wait_for_function(  # and the link's chart drops to 0
+                "(s) => document.querySelector(s)?.dataset.last === '0'", arg=up_chart
+            )
             assert int(await page.get_attribute("body", "data-updates") or 0) >= 3
         finally:
             await gateway.stop()
