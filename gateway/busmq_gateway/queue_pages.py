@@ -19,10 +19,10 @@ from typing import Any
 
 from aiohttp import web
 
-from busmq import Bus, QueueNotFoundError, RateLimit
+from busmq import Bus, InvalidNameError, QueueNotFoundError, RateLimit
 from busmq.cli.records import to_record
 from busmq.inventory import browse_pages
-from busmq.keys import dead_letter_name
+from busmq.keys import dead_letter_name, validate_name
 
 from .access import ANONYMOUS, Access
 from .history import History
@@ -44,22 +44,22 @@ class QueuePages:
         self._presented = presented
 
     def register(self, router: web.UrlDispatcher) -> None:
-        router.add_get("/api/queues/{name}", self._info)
-        router.add_get("/api/queues/{name}/messages", self._admin(self._messages, "browse"))
-        router.add_get("/api/queues/{name}/dead", self._admin(self._dead, "browse dead"))
-        router.add_post("/api/queues/{name}/pause", self._admin(self._pause, "pause"))
-        router.add_post("/api/queues/{name}/resume", self._admin(self._resume, "resume"))
-        router.add_post(
-            "/api/queues/{name}/rate-limit", self._admin(self._rate_limit, "set rate limit")
-        )
-        router.add_post(
-            "/api/queues/{name}/dead/requeue", self._admin(self._requeue, "requeue dead")
-        )
-        router.add_post("/api/queues/{name}/dead/purge", self._admin(self._purge, "purge dead"))
+        # The queue's name is a query parameter: names may hold "/".
+        router.add_get("/api/queue", self._info)
+        router.add_get("/api/queue/messages", self._admin(self._messages, "browse"))
+        router.add_get("/api/queue/dead", self._admin(self._dead, "browse dead"))
+        router.add_post("/api/queue/pause", self._admin(self._pause, "pause"))
+        router.add_post("/api/queue/resume", self._admin(self._resume, "resume"))
+        router.add_post("/api/queue/rate-limit", self._admin(self._rate_limit, "set rate limit"))
+        router.add_post("/api/queue/dead/requeue", self._admin(self._requeue, "requeue dead"))
+        router.add_post("/api/queue/dead/purge", self._admin(self._purge, "purge dead"))
 
     async def _info(self, request: web.Request) -> web.Response:
-        name = request.match_info["name"]
-        queue = self.bus.queue(name)
+        name = request.query.get("name", "")
+        try:
+            queue = self.bus.queue(name)
+        except InvalidNameError as exc:
+            return _error(400, str(exc))
         try:
             info = await queue.info()
         except QueueNotFoundError:
@@ -87,7 +87,11 @@ class QueuePages:
 
     def _admin(self, action: Action, what: str) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def handler(request: web.Request) -> web.Response:
-            name = request.match_info["name"]
+            name = request.query.get("name", "")
+            try:
+                validate_name(name)
+            except InvalidNameError as exc:
+                return _error(400, str(exc))
             principal = self._caller(request)
             if principal is None:
                 return _error(401, "an action needs the secret of a principal with admin")

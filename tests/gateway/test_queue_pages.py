@@ -21,7 +21,12 @@ from tests.support.redis_server import RedisServer
 @pytest.fixture
 async def served(redis_server: RedisServer) -> AsyncIterator[tuple[Bus, str]]:
     async with admin_gateway(redis_server.url) as (bus, root):
-        yield bus, root + "api/queues/"
+        yield bus, root + "api/queue"
+
+
+def on(base: str, path: str, name: str = "orders", query: str = "") -> str:
+    """The URL of ``path`` of the queue-page API for queue ``name`` (given URL-encoded)."""
+    return f"{base}{path}?name={name}{query}"
 
 
 async def call(
@@ -43,42 +48,48 @@ async def test_actions_need_the_admin_grant_and_are_logged(
     orders = bus.queue("orders")
 
     # Reading the figures is open on loopback; messages and actions are not.
-    status, info = await call("GET", base + "orders")
+    status, info = await call("GET", on(base, ""))
     assert status == 200 and info["dead_letters"] == 2 and info["paused"] is False
-    assert (await call("GET", base + "orders/dead"))[0] == 401
-    assert (await call("POST", base + "orders/pause"))[0] == 401
-    assert (await call("POST", base + "orders/pause", "not-a-known-secret-at-all"))[0] == 401
-    status, body = await call("POST", base + "orders/pause", VIEWER_SECRET)
+    assert (await call("GET", on(base, "/dead")))[0] == 401
+    assert (await call("POST", on(base, "/pause")))[0] == 401
+    assert (await call("POST", on(base, "/pause"), "not-a-known-secret-at-all"))[0] == 401
+    status, body = await call("POST", on(base, "/pause"), VIEWER_SECRET)
     assert status == 403 and "viewer" in body["error"]
     assert (await orders.info()).paused is False
 
     caplog.set_level(logging.INFO, logger="busmq_gateway.dashboard")
-    status, dead = await call("GET", base + "orders/dead", ADMIN_SECRET)
+    status, dead = await call("GET", on(base, "/dead"), ADMIN_SECRET)
     assert status == 200
     reasons = [(m["payload"], m["headers"]["busmq-dead-reason"]) for m in dead["messages"]]
     assert reasons == [("a", "rejected"), ("b", "rejected")]
     assert dead["messages"][0]["headers"]["busmq-dead-error"] == "bad payload"
-    status, stored = await call("GET", base + "orders/messages?limit=1", ADMIN_SECRET)
+    status, stored = await call("GET", on(base, "/messages", "orders", "&limit=1"), ADMIN_SECRET)
     assert status == 200 and stored["more"] is True
     assert [m["payload"] for m in stored["messages"]] == ["c"]
 
-    assert await call("POST", base + "orders/pause", ADMIN_SECRET) == (200, {"paused": True})
+    assert await call("POST", on(base, "/pause"), ADMIN_SECRET) == (200, {"paused": True})
     assert (await orders.info()).paused is True
     status, body = await call(
-        "POST", base + "orders/rate-limit", ADMIN_SECRET, {"limit": 5, "per_seconds": 2}
+        "POST", on(base, "/rate-limit"), ADMIN_SECRET, {"limit": 5, "per_seconds": 2}
     )
     assert status == 200
     limit = (await orders.info()).rate_limit
     assert limit is not None and (limit.limit, limit.per_seconds) == (5, 2.0)
     first_dead = dead["messages"][0]["id"]
     status, body = await call(
-        "POST", base + "orders/dead/requeue", ADMIN_SECRET, {"ids": [first_dead]}
+        "POST", on(base, "/dead/requeue"), ADMIN_SECRET, {"ids": [first_dead]}
     )
     assert status == 200 and body["requeued"] == 1
-    assert await call("POST", base + "orders/dead/purge", ADMIN_SECRET) == (200, {"purged": 1})
+    assert await call("POST", on(base, "/dead/purge"), ADMIN_SECRET) == (
+        200,
+        {"purged": 1},
+    )
     info_after = await orders.info()
     assert (info_after.dead_letters, info_after.count) == (0, 3)  # c, d and a requeued
-    assert await call("POST", base + "orders/resume", ADMIN_SECRET) == (200, {"paused": False})
+    assert await call("POST", on(base, "/resume"), ADMIN_SECRET) == (
+        200,
+        {"paused": False},
+    )
 
     logged = [r.getMessage() for r in caplog.records if r.name == "busmq_gateway.dashboard"]
     assert any("pause on queue 'orders' by principal 'ops'" in line for line in logged)
@@ -92,17 +103,34 @@ async def test_bad_requests_get_clear_errors_and_nothing_changes(served: tuple[B
     # A grant on orders* is not one on other queues.
     other = bus.queue("payments")
     await other.attach(ttl=60)
-    assert (await call("POST", base + "payments/pause", ADMIN_SECRET))[0] == 403
-    assert (await call("POST", base + "orders-missing/pause", ADMIN_SECRET))[0] == 404
-    assert (await call("GET", base + "orders-missing"))[0] == 404
-    status, body = await call("POST", base + "orders/rate-limit", ADMIN_SECRET, {"limit": 0})
+    assert (await call("POST", on(base, "/pause", "payments"), ADMIN_SECRET))[0] == 403
+    assert (await call("POST", on(base, "/pause", "orders-missing"), ADMIN_SECRET))[0] == 404
+    assert (await call("GET", on(base, "", "orders-missing")))[0] == 404
+    status, body = await call("POST", on(base, "/rate-limit"), ADMIN_SECRET, {"limit": 0})
     assert status == 400 and "limit" in body["error"]
-    status, body = await call("POST", base + "orders/dead/requeue", ADMIN_SECRET, {"ids": "all"})
+    status, body = await call("POST", on(base, "/dead/requeue"), ADMIN_SECRET, {"ids": "all"})
     assert status == 400
-    status, body = await call("GET", base + "orders/messages?limit=x", ADMIN_SECRET)
+    status, body = await call("GET", on(base, "/messages", "orders", "&limit=x"), ADMIN_SECRET)
     assert status == 400
     info = await bus.queue("orders").info()
     assert (info.rate_limit, info.dead_letters, info.paused) == (None, 2, False)
+    assert (await call("GET", on(base, "", "")))[0] == 400
+    status, body = await call("POST", on(base, "/pause", "bad%20name"), ADMIN_SECRET)
+    assert status == 400 and "bad name" in body["error"]
+
+
+async def test_a_queue_whose_name_holds_a_slash_has_its_page(served: tuple[Bus, str]) -> None:
+    bus, base = served
+    eu = bus.queue("orders/eu")
+    await eu.attach(ttl=60)
+    await eu.push("x")
+    status, info = await call("GET", on(base, "", "orders%2Feu"))
+    assert status == 200 and (info["name"], info["count"]) == ("orders/eu", 1)
+    assert await call("POST", on(base, "/pause", "orders%2Feu"), ADMIN_SECRET) == (
+        200,
+        {"paused": True},
+    )
+    assert (await eu.info()).paused is True
 
 
 async def test_the_charts_hold_what_the_queue_went_through(served: tuple[Bus, str]) -> None:
@@ -111,7 +139,7 @@ async def test_the_charts_hold_what_the_queue_went_through(served: tuple[Bus, st
     await orders.attach(ttl=60)
 
     async def history() -> dict[str, list[float]]:
-        status, info = await call("GET", base + "orders")
+        status, info = await call("GET", on(base, ""))
         assert status == 200 and info["history_interval"] == 0.05
         return info["history"] or {"t": [], "depth": []}
 
