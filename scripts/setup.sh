@@ -12,7 +12,8 @@
 #                             and npm (the TypeScript client) and its npm packages,
 #                             Debian's Go toolchain, grpc-go and protoc plugins (the Go client),
 #                             and Debian's Chromium (the dashboard test drives it headless
-#                             with Playwright; Playwright's own browser download is not used)
+#                             with Playwright; Playwright's own browser download is not used),
+#                             and Debian's nginx-light (the fleet tests put gateways behind it)
 # Safe to run again: it only installs what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +26,7 @@ if $dev && ! command -v java >/dev/null 2>&1; then need_apt+=(openjdk-17-jre-hea
 if $dev && ! command -v redis-server >/dev/null 2>&1; then need_apt+=(redis-server); fi
 if $dev && ! command -v openssl >/dev/null 2>&1; then need_apt+=(openssl); fi
 if $dev && ! command -v chromium >/dev/null 2>&1; then need_apt+=(chromium); fi
+if $dev && ! command -v nginx >/dev/null 2>&1; then need_apt+=(nginx-light); fi
 node_ok() { command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 \
   && node -e 'const [a, b] = process.versions.node.split(".").map(Number); process.exit(a > 18 || (a === 18 && b >= 14) ? 0 : 1)'; }
 if $dev && ! node_ok; then need_apt+=(nodejs npm); fi

@@ -55,7 +55,7 @@ type Client struct {
 
 // Dial connects to the gateway (lazily: the first call opens the connection).
 func Dial(ctx context.Context, options Options) (*Client, error) {
-	dialOptions := []grpc.DialOption{}
+	dialOptions := []grpc.DialOption{grpc.WithChainUnaryInterceptor(retrySafeCalls)}
 	if options.TLS != nil {
 		dialOptions = append(dialOptions, grpc.WithTransportCredentials(credentials.NewTLS(options.TLS)))
 	} else {

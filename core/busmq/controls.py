@@ -319,6 +319,19 @@ async def settle(
     return [int(u) for u in unknown]
 
 
+async def ack_upto(queue: QueueStore, consumer: str, message_id: int) -> int:
+    """Acknowledge every delivery pending for consumer ``consumer`` with an id up to
+    ``message_id`` (what a consumer's ``ack_upto`` does, by its name); how many."""
+    stream = queue.keys.stream
+    up_to = f"{message_id}-0"  # a stream id (message.int_to_stream_id; message imports us)
+    acked: int = await queue.run_fast(
+        lambda c: queue.bus.scripts.call(c, "ack_upto", [stream], [consumer, up_to]),
+        idempotent=True,
+    )
+    queue.bus.counters.add("acked", queue.name, acked)
+    return acked
+
+
 async def has_consumer(queue: QueueStore, consumer: str) -> bool:
     """Whether ``consumer`` is registered in ``queue``'s consumer group."""
     stream = queue.keys.stream

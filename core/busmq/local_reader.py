@@ -37,7 +37,7 @@ from typing import Any
 from . import consumer_group
 from .consumer import Consumer, ConsumerHost
 from .consuming import LATEST, Mode, wait_for_wakeup
-from .controls import Settlement, settle
+from .controls import Settlement, ack_upto, settle
 from .errors import BusError, BusUnavailableError, ModeConflictError
 from .events import Event
 from .forwarding import Forwarder
@@ -265,15 +265,7 @@ class LocalReader:
         return await self.store.ack(ids)
 
     async def ack_upto(self, consumer: Consumer, message_id: int) -> int:
-        store = self.store
-        acked: int = await store.run_fast(
-            lambda c: store.bus.scripts.call(
-                c, "ack_upto", [store.keys.stream], [consumer.name, int_to_stream_id(message_id)]
-            ),
-            idempotent=True,
-        )
-        store.bus.counters.add("acked", consumer.queue.name, acked)
-        return acked
+        return await ack_upto(self.store, consumer.name, message_id)
 
     async def nack(self, consumer: Consumer, ids: Sequence[int]) -> None:
         await self.settle(consumer, ids, Settlement(release=True))

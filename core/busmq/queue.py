@@ -17,6 +17,7 @@ from .consumer import Consumer
 from .consuming import Mode
 from .controls import QueueInfo, RateLimit
 from .keys import dead_letter_name
+from .leases import NO_LIMITS, RENEW, hold, lease, release_held
 from .local_reader import local_consumer
 from .message import EncodedMessage, Message
 from .pushing import Item, PushOptions, PushResult
@@ -96,24 +97,22 @@ class LocalQueueBackend:
     # -- attachment ---------------------------------------------------------------
 
     async def attach(self, options: AttachOptions) -> bool:
-        ttl = options.ttl
-        ttl_ms = _ms(ttl if ttl is not None else self._bus.settings.default_ttl)
-        if ttl_ms < 1:
-            raise ValueError("ttl must be positive")
-        store = self._store
-        store.shard = shard = await store.locate()
         member = f"{self._bus.client_id}:{next(self._attachments)}"
-        limits = _limit_args(options.retention, options.max_backlog)
-        created, _ = await self._lease(member, create=True, ttl_ms=str(ttl_ms), limits=limits)
-        self._bus.placement.remember(store.keys.info, shard)
+        created = await hold(
+            self._store,
+            member,
+            ttl=options.ttl,
+            retention=options.retention,
+            max_backlog=options.max_backlog,
+        )
         self._member = member
         self.auto_renew = options.auto_renew
         self._bus.attached.add(self._queue())
-        return bool(created)
+        return created
 
     async def renew(self) -> bool:
         assert self._member is not None
-        created, _ = await self._lease(self._member, create=False, ttl_ms="", limits=("", "", ""))
+        created, _ = await lease(self._store, self._member, RENEW, "", NO_LIMITS)
         return created != -1
 
     async def release(self) -> None:
@@ -121,27 +120,11 @@ class LocalQueueBackend:
         self.forget()  # before the first await: an overlapping detach sees it gone
         if member is None:
             return
-        keys = self._store.keys.all()
-        await self._store.run(
-            lambda c: self._bus.scripts.call(c, "detach", keys, [member]), idempotent=True
-        )
+        await release_held(self._store, member)
 
     def forget(self) -> None:
         self._member = None
         self._bus.attached.discard(self._queue())
-
-    async def _lease(
-        self, member: str, *, create: bool, ttl_ms: str, limits: tuple[str, str, str]
-    ) -> tuple[int, int]:
-        lease_ms = _ms(self._bus.settings.lease_seconds)
-        keys = self._store.keys.with_dead_letters()
-        args = [member, lease_ms, ttl_ms, "1" if create else "0", *limits]
-        # On the fast connection: the bus renews every attached queue at once, and a
-        # burst of redis-py calls would stall the loop for milliseconds.
-        reply = await self._store.run_fast(
-            lambda c: self._bus.scripts.call(c, "attach", keys, args), idempotent=True
-        )
-        return int(reply[0]), int(reply[1])
 
     # -- pushing and consuming ----------------------------------------------------------
 
@@ -241,20 +224,6 @@ class LocalQueueBackend:
 
     async def requeue_dead(self, ids: list[int] | None, limit: int) -> list[int]:
         return await controls.requeue_dead(self._store, ids, limit)
-
-
-def _ms(seconds: float) -> int:
-    return int(seconds * 1000)
-
-
-def _limit_args(retention: Retention | None, max_backlog: int | None) -> tuple[str, str, str]:
-    if retention is None:
-        maxlen = maxage = ""
-    else:
-        maxlen = str(retention.max_length or 0)
-        maxage = str(_ms(retention.max_age) if retention.max_age else 0)
-    backlog = "" if max_backlog is None else str(max_backlog)
-    return maxlen, maxage, backlog
 
 
 async def _hset_keep_ttl(

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from busmq import BusSettings
+from busmq.private import read_secret_file
 
 from . import logs, principals
 from .config import GatewaySettings, TlsSettings, read_secrets
@@ -80,6 +81,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="gateway processes sharing the port (SO_REUSEPORT) under one supervisor",
     )
     parser.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--fleet-secret-file",
+        default=env("BUSMQ_GATEWAY_FLEET_SECRET_FILE"),
+        help="the secret every gateway of a fleet signs ids with (default: a key kept in Redis;"
+        " also BUSMQ_GATEWAY_FLEET_SECRET)",
+    )
     parser.add_argument("--redis-url", action="append", default=[], help="a shard; may repeat")
     parser.add_argument("--data-dir", help="embedded Redis data directory")
     parser.add_argument("--max-message-bytes", type=int, default=8 * 1024 * 1024)
@@ -91,7 +98,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         " (0: no limit)",
     )
     parser.add_argument("--keepalive-seconds", type=float, default=30.0)
-    parser.add_argument("--grace-seconds", type=float, default=10.0)
+    parser.add_argument(
+        "--drain-seconds",
+        "--grace-seconds",
+        dest="drain_seconds",
+        type=float,
+        default=float(env("BUSMQ_GATEWAY_DRAIN_SECONDS", "10")),
+        help="on SIGTERM: not ready at once, streams told to move, calls finished, exit"
+        " within this",
+    )
     parser.add_argument("--log-format", choices=["json", "text"], default="json")
     parser.add_argument("--log-level", default="info")
     return parser.parse_args(argv)
@@ -120,12 +135,19 @@ def settings_from(args: argparse.Namespace) -> GatewaySettings:
         max_message_bytes=args.max_message_bytes,
         max_streams=args.max_streams,
         keepalive_seconds=args.keepalive_seconds,
-        grace_seconds=args.grace_seconds,
+        grace_seconds=args.drain_seconds,
         http_listen=None if args.http_listen in ("", "off") else args.http_listen,
         history_seconds=args.history_interval,
         metrics_max_queues=args.metrics_max_queues,
         reuse_port=args.reuse_port,
+        fleet_secret=fleet_secret(args.fleet_secret_file),
     )
+
+
+def fleet_secret(path: str | None) -> str | None:
+    if path:
+        return read_secret_file(path).strip()
+    return os.environ.get("BUSMQ_GATEWAY_FLEET_SECRET") or None
 
 
 def main(argv: Sequence[str] | None = None) -> None:

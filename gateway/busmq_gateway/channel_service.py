@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.message import Message
 
 from busmq import Bus, BusError, Channel, Delivery, Event, Mode, UnknownMessageError
 from busmq.channel_protocol import channel_queue_name, send_encoded_to_role, validate_role
@@ -21,20 +24,39 @@ from .access import caller, check_owner
 from .config import GatewaySettings
 from .convert import consume_mode, delivery_fields, optional_seconds, outgoing_batch
 from .errors import NotFound, RequestError, classify, rpc_errors, to_status, unary
+from .fleet import FleetKey, IdKind
+from .relay import Relay
 from .streaming import Beat, StreamCount, now, paced
 
 log = logging.getLogger(__name__)
 
 _FINAL = frozenset({"ended", "disconnected"})
+M = TypeVar("M", bound=Message)
+R = TypeVar("R", pb.SendChannelRequest, pb.DisconnectChannelRequest, pb.EndChannelRequest)
 
 
 class ChannelService(pb_grpc.ChannelServiceServicer):
-    def __init__(self, bus: Bus, settings: GatewaySettings, draining: asyncio.Event) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        settings: GatewaySettings,
+        fleet: FleetKey,
+        relay: Relay,
+        draining: asyncio.Event,
+    ) -> None:
         self._bus = bus
         self._settings = settings
+        self._fleet = fleet
+        self._relay = relay
         self._draining = draining
-        self._connections: dict[str, tuple[Channel, str]] = {}  # id: (end, its principal)
+        self._connections: dict[str, Channel] = {}  # the ends this gateway holds, by key
         self.streams = StreamCount()
+        for method, local, kind in (
+            ("SendChannel", self._send, pb.SendChannelRequest),
+            ("DisconnectChannel", self._disconnect, pb.DisconnectChannelRequest),
+            ("EndChannel", self._end, pb.EndChannelRequest),
+        ):
+            relay.route(method, functools.partial(_relayed, local, kind))
 
     # -- the connection stream ---------------------------------------------------------
 
@@ -48,8 +70,12 @@ class ChannelService(pb_grpc.ChannelServiceServicer):
                 channel, feed = await self._connect(request)
             if channel is None or feed is None:  # pragma: no cover - rpc_errors aborted
                 return
-            connection_id = secrets.token_urlsafe(18)
-            self._connections[connection_id] = (channel, caller().name)
+            key = secrets.token_urlsafe(12)
+            self._connections[key] = channel
+            # The id routes later calls to this gateway, which holds the end.
+            connection_id = self._fleet.sign(
+                IdKind.CONNECTION, caller().name, self._relay.gateway_id, key
+            )
             try:
                 yield pb.ConnectChannelResponse(
                     started=pb.ChannelStarted(
@@ -61,11 +87,12 @@ class ChannelService(pb_grpc.ChannelServiceServicer):
             except BusError as exc:
                 await context.abort_with_status(to_status(exc))
             finally:
-                self._connections.pop(connection_id, None)
+                self._connections.pop(key, None)
                 feed.close()
                 await self._leave(channel)
 
     async def _connect(self, request: pb.ConnectChannelRequest) -> tuple[Channel, _Feed]:
+        await self._relay.ensure_serving()
         mode = consume_mode(request.mode)
         prefetch = request.prefetch or self._settings.default_prefetch
         if prefetch > self._settings.max_prefetch:
@@ -119,6 +146,9 @@ class ChannelService(pb_grpc.ChannelServiceServicer):
     async def SendChannel(
         self, request: pb.SendChannelRequest, context: grpc.aio.ServicerContext
     ) -> pb.SendChannelResponse:
+        return await self._at_holder("SendChannel", request, self._send, context)
+
+    async def _send(self, request: pb.SendChannelRequest) -> pb.SendChannelResponse:
         channel = self._connection(request.connection_id)
         encoded = outgoing_batch(request.messages, self._bus.settings.max_message_bytes)
         result = await channel.send_encoded(encoded, request_id=request.request_id or None)
@@ -162,6 +192,11 @@ class ChannelService(pb_grpc.ChannelServiceServicer):
     async def DisconnectChannel(
         self, request: pb.DisconnectChannelRequest, context: grpc.aio.ServicerContext
     ) -> pb.DisconnectChannelResponse:
+        return await self._at_holder("DisconnectChannel", request, self._disconnect, context)
+
+    async def _disconnect(
+        self, request: pb.DisconnectChannelRequest
+    ) -> pb.DisconnectChannelResponse:
         await self._connection(request.connection_id).disconnect(release_unacked=True)
         return pb.DisconnectChannelResponse()
 
@@ -169,17 +204,33 @@ class ChannelService(pb_grpc.ChannelServiceServicer):
     async def EndChannel(
         self, request: pb.EndChannelRequest, context: grpc.aio.ServicerContext
     ) -> pb.EndChannelResponse:
+        return await self._at_holder("EndChannel", request, self._end, context)
+
+    async def _end(self, request: pb.EndChannelRequest) -> pb.EndChannelResponse:
         await self._connection(request.connection_id).end()
         return pb.EndChannelResponse()
 
-    def _connection(self, connection_id: str) -> Channel:
-        found = self._connections.get(connection_id)
-        if found is None:
-            raise NotFound(
-                "no connected channel end with that connection_id", "CONNECTION_NOT_FOUND"
-            )
-        channel, owner = found
+    async def _at_holder(
+        self,
+        method: str,
+        request: R,
+        local: Callable[[R], Awaitable[M]],
+        context: grpc.aio.ServicerContext,
+    ) -> M:
+        """``local`` on the gateway that holds the connection, once the id is the caller's."""
+        owner, holder, _ = self._fleet.open(IdKind.CONNECTION, request.connection_id)
         check_owner(owner, "connection_id")
+        response_type: type[M] = _RESPONSES[method]  # type: ignore[assignment]
+        return await self._relay.at_holder(
+            holder, method, request, local, response_type, context, _gone()
+        )
+
+    def _connection(self, connection_id: str) -> Channel:
+        """The end this gateway holds for ``connection_id`` (checked by the caller)."""
+        _, _, key = self._fleet.open(IdKind.CONNECTION, connection_id)
+        channel = self._connections.get(key)
+        if channel is None:
+            raise _gone()
         return channel
 
 
@@ -223,6 +274,23 @@ class _Feed:
             yield event
             if event.kind in _FINAL:
                 return
+
+
+_RESPONSES: dict[str, type[Message]] = {
+    "SendChannel": pb.SendChannelResponse,
+    "DisconnectChannel": pb.DisconnectChannelResponse,
+    "EndChannel": pb.EndChannelResponse,
+}
+
+
+async def _relayed(
+    local: Callable[[Any], Awaitable[Message]], kind: type[Message], data: bytes
+) -> Message:
+    return await local(kind.FromString(data))
+
+
+def _gone() -> NotFound:
+    return NotFound(IdKind.CONNECTION[2], IdKind.CONNECTION[1])
 
 
 def _event_details(event: Event) -> dict[str, str]:

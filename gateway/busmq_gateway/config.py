@@ -72,6 +72,9 @@ class GatewaySettings:
         reuse_port: bind the port with ``SO_REUSEPORT``, shared by the worker processes
             of one supervisor (``--workers``); off, a second gateway on the same port
             fails to start.
+        fleet_secret: the secret the gateways of a fleet sign the ids they hand out with
+            (:mod:`busmq_gateway.fleet`); ``None``: a key kept in Redis, shared by every
+            gateway over the same Redis.
     """
 
     listen: str = "127.0.0.1:8443"
@@ -93,6 +96,7 @@ class GatewaySettings:
     metrics_max_queues: int = 100
     metrics_cache_seconds: float = 2.0
     reuse_port: bool = False
+    fleet_secret: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if ":" not in self.listen:
@@ -117,6 +121,9 @@ class GatewaySettings:
                 raise ValueError(f"{name} must be positive")
         if self.http_listen is not None:
             self._check_http_listen(self.http_listen)
+        if self.fleet_secret is not None and (reason := weak_secret_reason(self.fleet_secret)):
+            raise ValueError(f"the fleet secret is too weak ({reason}); generate one with: "
+                             f"{GENERATE_SECRET}")  # fmt: skip
         if self.max_streams < 0:
             raise ValueError("max_streams must be 0 (no limit) or more")
         if not 1 <= self.default_prefetch <= self.max_prefetch:

@@ -1,11 +1,12 @@
 """The gateway's HTTP listener (``--http-listen``): ``/metrics`` for Prometheus,
-``/healthz`` for load balancers, and the dashboard (``/``, its scripts under ``/static/``,
+``/healthz`` and ``/readyz`` for load balancers and orchestrators (503 while the bus is
+offline or the gateway drains), and the dashboard (``/``, its scripts under ``/static/``,
 its data under ``/api/``: the overview, an hour of charts, the queue pages of
 :mod:`busmq_gateway.queue_pages`).
 
 On a loopback address it is open, like a local admin port. Anywhere else it follows the
 gRPC port's rules: TLS with the gateway's certificate (or ``--allow-plaintext``), and
-every path but ``/healthz`` needs the secret of a principal allowed ``metrics`` (the
+every path but those two needs the secret of a principal allowed ``metrics`` (the
 simple form's secrets are), as ``Authorization: Bearer <secret>`` (Prometheus's
 ``authorization`` setting) or as the password of HTTP basic auth (so a browser can open
 the dashboard).
@@ -34,7 +35,7 @@ from .queue_pages import QueuePages
 
 log = logging.getLogger(__name__)
 
-OPEN_PATHS = ("/healthz",)
+OPEN_PATHS = ("/healthz", "/readyz")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -69,6 +70,7 @@ class HttpListener:
         app.router.add_get("/", self._dashboard)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._health)
+        app.router.add_get("/readyz", self._health)
         app.router.add_get("/api/overview", self._overview)
         app.router.add_get("/api/links", self._links)
         app.router.add_static("/static/", resources.files("busmq_gateway") / "static")  # type: ignore[arg-type]

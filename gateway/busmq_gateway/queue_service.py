@@ -48,6 +48,7 @@ from .errors import (
     to_status,
     unary,
 )
+from .fleet import FleetKey, IdKind
 from .inventory_service import QueueInventory
 from .push_stream import PushStreamSession, push_outcome
 from .streaming import Beat, StreamCount, paced
@@ -59,14 +60,19 @@ _throttled = ThrottledLog(log)
 
 class QueueService(QueueInventory, pb_grpc.QueueServiceServicer):
     def __init__(
-        self, bus: Bus, settings: GatewaySettings, attachments: Attachments, draining: asyncio.Event
+        self,
+        bus: Bus,
+        settings: GatewaySettings,
+        attachments: Attachments,
+        fleet: FleetKey,
+        draining: asyncio.Event,
     ) -> None:
         self._bus = bus
         self._settings = settings
         self._attachments = attachments
+        self._fleet = fleet
         self._draining = draining
-        self._consumers: dict[str, Consumer] = {}
-        self._consumer_owners: dict[str, str] = {}  # consumer id: its stream's principal
+        self._consumers: dict[str, Consumer] = {}  # by name: the streams this gateway serves
         self.no_streams = asyncio.Event()
         self.no_streams.set()
         self.browses = StreamCount()
@@ -201,15 +207,17 @@ class QueueService(QueueInventory, pb_grpc.QueueServiceServicer):
         if consumer is None:  # pragma: no cover - rpc_errors aborted the call
             return
         self._consumers[consumer.name] = consumer
-        self._consumer_owners[consumer.name] = caller().name
         self.no_streams.clear()
         try:
-            yield pb.ConsumeResponse(started=pb.ConsumeStarted(consumer_id=consumer.name))
+            # The id names the consumer in Redis's group: any gateway settles by it.
+            consumer_id = self._fleet.sign(
+                IdKind.CONSUMER, caller().name, consumer.queue.name, consumer.name
+            )
+            yield pb.ConsumeResponse(started=pb.ConsumeStarted(consumer_id=consumer_id))
             async for response in self._deliveries(consumer, context, request.batch):
                 yield response
         finally:
             self._consumers.pop(consumer.name, None)
-            self._consumer_owners.pop(consumer.name, None)
             await self._end_consumer(consumer)
             if not self._consumers:
                 self.no_streams.set()
@@ -279,7 +287,8 @@ class QueueService(QueueInventory, pb_grpc.QueueServiceServicer):
         queue = self._bus.queue(request.queue)
         acked, unknown = 0, list[int]()
         if request.up_to_id:
-            acked += await self._consumer(request.consumer_id).ack_upto(request.up_to_id)
+            name = await self._consumer_of(request.queue, request.consumer_id)
+            acked += await controls.ack_upto(queue.store, name, request.up_to_id)
         if request.ids:
             try:
                 acked += await queue.ack(*request.ids)
@@ -310,30 +319,27 @@ class QueueService(QueueInventory, pb_grpc.QueueServiceServicer):
     async def _settle(
         self, queue: str, consumer_id: str, ids: Sequence[int], settlement: Settlement
     ) -> list[int]:
-        """Settle through the stream's consumer; when the stream is served by another
-        gateway process (another worker, or instance, on the same Redis), by the
-        consumer's name in Redis's group, without its retry policy or max deliveries
-        (the queue's apply)."""
-        consumer = self._consumers.get(consumer_id)
+        """Settle through the stream's consumer; when another gateway (or worker) serves
+        the stream, by the consumer's name in Redis's group, without its retry policy or
+        max deliveries (the queue's apply)."""
+        name = await self._consumer_of(queue, consumer_id)
+        consumer = self._consumers.get(name)
         if consumer is not None:
-            return await self._consumer_of(queue, consumer_id).settle(list(ids), settlement)
-        store = self._bus.queue(queue).store
-        if not consumer_id or not await controls.has_consumer(store, consumer_id):
-            raise NotFound("no active stream with that consumer_id", "CONSUMER_NOT_FOUND")
-        return await controls.settle(store, consumer_id, list(ids), settlement)
+            return await consumer.settle(list(ids), settlement)
+        return await controls.settle(self._bus.queue(queue).store, name, list(ids), settlement)
 
-    def _consumer_of(self, queue: str, consumer_id: str) -> Consumer:
-        consumer = self._consumer(consumer_id)
-        if consumer.queue.name != queue:
+    async def _consumer_of(self, queue: str, consumer_id: str) -> str:
+        """The name of the consumer ``consumer_id`` names, once it is the caller's, of
+        ``queue``, and reading it on some gateway of the fleet."""
+        owner, of_queue, name = self._fleet.open(IdKind.CONSUMER, consumer_id)
+        check_owner(owner, "consumer_id")
+        if of_queue != queue:
             raise RequestError("consumer_id belongs to another queue")
-        return consumer
-
-    def _consumer(self, consumer_id: str) -> Consumer:
-        consumer = self._consumers.get(consumer_id)
-        if consumer is None:
-            raise NotFound("no active stream with that consumer_id", "CONSUMER_NOT_FOUND")
-        check_owner(self._consumer_owners[consumer_id], "consumer_id")
-        return consumer
+        if name not in self._consumers and not await controls.has_consumer(
+            self._bus.queue(queue).store, name
+        ):
+            raise NotFound(IdKind.CONSUMER[2], IdKind.CONSUMER[1])
+        return name
 
     # -- inspection and management -----------------------------------------------------
 

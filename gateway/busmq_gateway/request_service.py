@@ -36,24 +36,35 @@ from .convert import (
     value_to_payload,
 )
 from .errors import NotFound, RequestError, rpc_errors, to_status, unary
+from .fleet import FleetKey, IdKind
+from .relay import Relay
+from .requesters import Requesters
 from .streaming import Beat, StreamCount, now, paced
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 30.0
 DEFAULT_CONCURRENCY = 16
-KEPT_REQUESTERS = 256
-"""Core services kept for requests (each holds a reply queue attached)."""
 
 
 class RequestService(pb_grpc.RequestServiceServicer):
-    def __init__(self, bus: Bus, settings: GatewaySettings, draining: asyncio.Event) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        settings: GatewaySettings,
+        fleet: FleetKey,
+        relay: Relay,
+        draining: asyncio.Event,
+    ) -> None:
         self._bus = bus
         self._settings = settings
+        self._fleet = fleet
+        self._relay = relay
         self._draining = draining
-        self._requesters = _Requesters(bus, KEPT_REQUESTERS)
-        self._handed: dict[str, _Handed] = {}
+        self._requesters = Requesters(bus)
+        self._handed: dict[str, _Handed] = {}  # the requests this gateway's streams hold
         self.streams = StreamCount()
+        relay.route("Reply", self._relayed_reply)
 
     async def close(self) -> None:
         """Release the reply queues of the services kept for requests."""
@@ -133,14 +144,19 @@ class RequestService(pb_grpc.RequestServiceServicer):
                         yield pb.ServeResponse(state=state)
                         return
                     else:
-                        token, core_request = item
-                        yield pb.ServeResponse(request=_served(token, core_request))
+                        key, core_request = item
+                        # The id routes the Reply to this gateway, which holds the request.
+                        request_id = self._fleet.sign(
+                            IdKind.REQUEST, server.owner, self._relay.gateway_id, key
+                        )
+                        yield pb.ServeResponse(request=_served(request_id, core_request))
             except BusError as exc:
                 await context.abort_with_status(to_status(exc))
             finally:
                 await self._stop_serving(server)
 
     async def _start_serving(self, server: _Server, request: pb.ServeRequest) -> None:
+        await self._relay.ensure_serving()
         concurrency = request.concurrency or DEFAULT_CONCURRENCY
         if concurrency > self._settings.max_prefetch:
             raise RequestError(f"concurrency must be at most {self._settings.max_prefetch}")
@@ -185,7 +201,7 @@ class RequestService(pb_grpc.RequestServiceServicer):
         reply (a value, or an async iterator of the items of a streamed reply)."""
         assert server.service is not None
         token = secrets.token_urlsafe(18)
-        handed = _Handed(server.owner)
+        handed = _Handed()
         self._handed[token] = handed
         server.tokens.add(token)
         try:
@@ -230,10 +246,22 @@ class RequestService(pb_grpc.RequestServiceServicer):
     async def Reply(
         self, request: pb.ReplyRequest, context: grpc.aio.ServicerContext
     ) -> pb.ReplyResponse:
-        handed = self._handed.get(request.request_id)
+        owner, holder, _ = self._fleet.open(IdKind.REQUEST, request.request_id)
+        check_owner(owner, "request_id")
+        gone = NotFound(IdKind.REQUEST[2], IdKind.REQUEST[1])
+        return await self._relay.at_holder(
+            holder, "Reply", request, self._reply, pb.ReplyResponse, context, gone
+        )
+
+    async def _relayed_reply(self, data: bytes) -> pb.ReplyResponse:
+        return await self._reply(pb.ReplyRequest.FromString(data))
+
+    async def _reply(self, request: pb.ReplyRequest) -> pb.ReplyResponse:
+        """A Reply on the gateway whose Serve stream holds the request."""
+        _, _, key = self._fleet.open(IdKind.REQUEST, request.request_id)
+        handed = self._handed.get(key)
         if handed is None:
-            raise NotFound("no request awaits a reply with that request_id", "REQUEST_NOT_FOUND")
-        check_owner(handed.owner, "request_id")
+            raise NotFound(IdKind.REQUEST[2], IdKind.REQUEST[1])
         part = self._part(request)
         if handed.complete:
             raise RequestError(
@@ -292,8 +320,7 @@ class _Handed:
     once its part was taken (a chunk: once its items were pushed), which paces a client
     that streams a long reply."""
 
-    def __init__(self, owner: str) -> None:
-        self.owner = owner
+    def __init__(self) -> None:
         self.streaming = False
         self.complete = False
         self._parts: collections.deque[tuple[_Part, asyncio.Future[bool]]] = collections.deque()
@@ -361,45 +388,6 @@ class _Server:
                 continue
             self.task.result()
             return
-
-
-class _Requesters:
-    """Core services used for requests, one per name, reused (each owns a reply queue);
-    beyond ``limit``, the least recently used one with no request in flight is closed."""
-
-    def __init__(self, bus: Bus, limit: int) -> None:
-        self._bus = bus
-        self._limit = limit
-        self._services: collections.OrderedDict[str, Service] = collections.OrderedDict()
-        self._busy: collections.Counter[str] = collections.Counter()
-
-    def acquire(self, name: str) -> Service:
-        service = self._services.pop(name, None) or self._bus.service(name)
-        self._services[name] = service
-        self._busy[name] += 1
-        return service
-
-    async def release(self, name: str) -> None:
-        self._busy[name] -= 1
-        if self._busy[name] <= 0:
-            del self._busy[name]
-        while len(self._services) > self._limit:
-            idle = next((n for n in self._services if not self._busy[n]), None)
-            if idle is None:
-                return
-            await self._close(self._services.pop(idle))
-
-    async def close(self) -> None:
-        services, self._services = list(self._services.values()), collections.OrderedDict()
-        for service in services:
-            await self._close(service)
-
-    @staticmethod
-    async def _close(service: Service) -> None:
-        try:
-            await service.close()
-        except BusError as exc:
-            log.warning("closing service %s: %s", service.name, exc)
 
 
 def _timeout(request: pb.CallRequest | pb.CallStreamRequest, context: Any) -> float:

@@ -32,11 +32,13 @@ from .attachments import Attachments
 from .auth import AuthInterceptor
 from .channel_service import ChannelService
 from .config import GatewaySettings
+from .fleet import FleetKey, new_gateway_id
 from .guard import Guard
 from .http import HttpListener
 from .malformed import MalformedLog
 from .persistable_service import PersistableService
 from .queue_service import QueueService
+from .relay import Relay
 from .request_service import RequestService
 from .rpc_metrics import GatewayCollector, RpcMetrics
 from .throttle import quiet_client_gone
@@ -72,12 +74,16 @@ class Gateway:
         self.bus = bus or Bus(settings.bus)
         self.port = 0
         self._draining = asyncio.Event()
-        self._attachments = Attachments(self.bus)
+        self.fleet = FleetKey()
+        self.relay = Relay(self.bus, new_gateway_id())
+        self._attachments = Attachments(self.bus, self.fleet)
         self._health = health.aio.HealthServicer()
-        self.queues = QueueService(self.bus, settings, self._attachments, self._draining)
-        self.channels = ChannelService(self.bus, settings, self._draining)
+        self.queues = QueueService(
+            self.bus, settings, self._attachments, self.fleet, self._draining
+        )
+        self.channels = ChannelService(self.bus, settings, self.fleet, self.relay, self._draining)
         self.persistables = PersistableService(self.bus)
-        self.requests = RequestService(self.bus, settings, self._draining)
+        self.requests = RequestService(self.bus, settings, self.fleet, self.relay, self._draining)
         self.malformed = MalformedLog()
         self._streams: tuple[_Streams, ...] = (
             self.queues,
@@ -135,6 +141,7 @@ class Gateway:
         if self._own_bus:
             # Before gRPC starts its threads: the embedded Redis is a forked child.
             await self.bus.connect()
+        await self.fleet.load(self.bus, self.settings.fleet_secret)
         quiet_client_gone()
         interceptors = [AuthInterceptor(self.access)] if self.settings.authenticated else []
         self.server = grpc.aio.server(interceptors=interceptors, options=self._options())
@@ -157,7 +164,6 @@ class Gateway:
         )
         self.port = self._bind()
         await self.server.start()
-        self._attachments.start()
         if os.environ.get(MULTIPROCESS_ENV):  # a worker: its supervisor serves /metrics
             self._worker_figures = WorkerFigures(self)
             self._worker_figures.start()
@@ -220,7 +226,7 @@ class Gateway:
         if self._worker_figures is not None:
             await self._worker_figures.stop()
         await self.requests.close()
-        await self._attachments.close()
+        await self.relay.close()
         if self.http is not None:
             await self.http.stop()
         if self._own_bus:

@@ -96,9 +96,14 @@ async def test_attach_push_consume_at_most_once_and_detach(gateway: GatewayUnder
     await gateway.queues.DetachQueue(
         pb.DetachQueueRequest(attachment_id=attached.attachment_id), metadata=AUTH
     )
+    # A detach is safe to repeat (a client retries it on another gateway); the released
+    # attachment is not renewed again.
+    await gateway.queues.DetachQueue(
+        pb.DetachQueueRequest(attachment_id=attached.attachment_id), metadata=AUTH
+    )
     with pytest.raises(grpc.aio.AioRpcError) as gone:
-        await gateway.queues.DetachQueue(
-            pb.DetachQueueRequest(attachment_id=attached.attachment_id), metadata=AUTH
+        await gateway.queues.RenewAttachment(
+            pb.RenewAttachmentRequest(attachment_id=attached.attachment_id), metadata=AUTH
         )
     assert gone.value.code() is grpc.StatusCode.NOT_FOUND
 

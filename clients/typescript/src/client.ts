@@ -18,6 +18,7 @@ import { QueueHandle } from "./queue.js";
 import { listQueues, type ListQueuesOptions, type QueueSummary } from "./queue_admin.js";
 import { ServiceHandle } from "./service.js";
 import { Tracing, type TracingOptions } from "./tracing.js";
+import { retrySafeCalls } from "./retry.js";
 
 export interface BusClientOptions {
   /** The gateway: "https://gateway-a:8443" (TLS) or "http://127.0.0.1:8443" (plaintext). */
@@ -75,7 +76,7 @@ export class BusClient {
     }
     this.url = url.origin;
     this.timeoutMs = options.timeoutMs ?? 10_000;
-    const interceptors: Interceptor[] = [];
+    const interceptors: Interceptor[] = [retrySafeCalls()];
     if (options.secret !== undefined) {
       const authorization = `Bearer ${options.secret}`;
       interceptors.push((next) => (request) => {

@@ -64,6 +64,7 @@ from ..v1 import queue_service_pb2_grpc as pb_grpc
 from .backoff import Backoff
 from .errors import RETRYABLE, UNAUTHORIZED, FederationUnauthorizedError, from_rpc_error
 from .pushes import PushCoalescer
+from .retries import channel_options
 from .settings import FederationSettings, FederationTarget, grpc_address
 
 log = logging.getLogger(__name__)
@@ -310,6 +311,7 @@ class Link:
             ("grpc.use_local_subchannel_pool", 1),
             ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE),
             ("grpc.max_send_message_length", MAX_GRPC_MESSAGE),
+            *channel_options(),  # what is safe to repeat, on another gateway
         ]
         if target.server_name:
             options.append(("grpc.ssl_target_name_override", target.server_name))

@@ -1,7 +1,9 @@
--- Attach (create if ARGV[4] == '1') or renew a lease on a queue.
+-- Attach (create if ARGV[4] == '1') or renew a lease on a queue ('0': renew, taking the
+-- member back if its lease lapsed; '2': renew only a lease still held).
 -- KEYS: QueueKeys.with_dead_letters() (the queue's, then its dead-letter queue's)
 -- ARGV: member, lease_ms, ttl_ms ('' keeps), create, maxlen, maxage_ms, backlog ('' keeps, '0' clears)
--- Returns {created (0/1), attachments}, or {-1, 0} if the queue is gone and create is off.
+-- Returns {created (0/1), attachments}, {-1, 0} if the queue is gone and create is off, or
+-- {-2, 0} if a strict renew found the lease released or lapsed.
 local q, dq = queue_keys(KEYS, 1), queue_keys(KEYS, 1 + QUEUE_KEYS)
 local info, stream, meta, leases = q.info, q.stream, q.meta, q.leases
 local now = now_ms()
@@ -13,6 +15,9 @@ if redis.call('EXISTS', info) == 0 then
   redis.call('HSET', info, 'seq', 0, 'created', now, 'ttl', ARGV[3])
   redis.call('XGROUP', 'CREATE', stream, GROUP, '0', 'MKSTREAM')
   created = 1
+elseif ARGV[4] == '2' then
+  local held = redis.call('ZSCORE', leases, ARGV[1])
+  if not held or tonumber(held) < now then return {-2, 0} end
 elseif ARGV[3] ~= '' then
   redis.call('HSET', info, 'ttl', ARGV[3])
 end
