@@ -16,6 +16,7 @@ process, and stops both at the end.
     .venv/bin/python bench/gateway_bench.py --seconds 8 --rounds 3   # medians
     .venv/bin/python bench/gateway_bench.py --pin     # the gateway on a core of its own
     .venv/bin/python bench/gateway_bench.py --gateway-loop uvloop --workers 1
+    .venv/bin/python bench/gateway_bench.py --workers 1 --fleet 3   # also nginx over 3 gateways
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import asyncio
 import os
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -39,6 +41,7 @@ from busmq import Bus, BusSettings, Mode, Queue
 from busmq.v1 import queue_service_pb2 as pb
 from busmq.v1 import queue_service_pb2_grpc, types_pb2
 
+ROOT = str(Path(__file__).resolve().parent.parent)
 SECRET = "bench-secret-0123456789"
 AUTH = (("authorization", f"Bearer {SECRET}"),)
 UVLOOP_GATEWAY = (
@@ -335,6 +338,34 @@ async def with_workers(args: argparse.Namespace, redis_url: str, workers: int) -
         await gateway.wait()
 
 
+async def with_fleet(args: argparse.Namespace, redis_url: str, size: int) -> list[Figures]:
+    """The flood and the fixed-rate run through nginx over ``size`` gateways (one
+    process each), as ``tests/fleet`` and the README run them: every call to the next."""
+    sys.path.insert(0, ROOT)  # the fleet tests' nginx runner
+    from tests.support.nginx import Nginx
+
+    gateways = [await start_gateway(redis_url, 1, loop=args.gateway_loop or args.loop)
+                for _ in range(size)]  # fmt: skip
+    rows: list[Figures] = []
+    try:
+        with tempfile.TemporaryDirectory() as directory:
+            async with Nginx(Path(directory), [target for _, target in gateways]) as nginx:
+                for streamed in (False, True):
+                    remote = GatewayTransport(nginx.target, streamed=streamed)
+                    how = "PushStream" if streamed else "unary Push"
+                    label = f"nginx over {size} gateways, {how}"
+                    tag = f"f{size}{'s' if streamed else 'u'}"
+                    rows.append(await flood(remote, f"flood {label}", args, tag))
+                    rate = f"{args.rate:,.0f} msg/s {label}"
+                    rows.append(await fixed_rate(remote, rate, args, tag + "r"))
+                    await remote.close()
+        return rows
+    finally:
+        for process, _ in gateways:
+            process.send_signal(signal.SIGTERM)
+            await process.wait()
+
+
 async def direct(args: argparse.Namespace, redis_url: str) -> list[Figures]:
     bus = Bus(BusSettings(redis_urls=(redis_url,)))
     await bus.connect()
@@ -367,6 +398,8 @@ async def main(args: argparse.Namespace) -> None:
             rows = await direct(args, redis.url)
             for workers in args.workers:
                 rows += await with_workers(args, redis.url, workers)
+            if args.fleet:
+                rows += await with_fleet(args, redis.url, args.fleet)
             rounds.append(rows)
     rows = [median_row([r[i] for r in rounds]) for i in range(len(rounds[0]))]
     if args.rounds > 1:
@@ -403,6 +436,12 @@ def parse() -> argparse.Namespace:
         type=lambda text: [int(n) for n in text.split(",")],
         default=[1, 2],
         help="gateway process counts to measure, e.g. 1,2",
+    )
+    parser.add_argument(
+        "--fleet",
+        type=int,
+        default=0,
+        help="also through Debian's nginx over this many gateways (0: not)",
     )
     parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds (medians)")
     parser.add_argument("--json", type=Path, help="also write the figures here (bench/ab.py)")

@@ -3,7 +3,8 @@
 Each round, through one gateway (its own process, ``--workers N``) from one client
 process over ``--connections`` HTTP/2 connections: ``AttachQueue`` for ``--queues``
 queues (the same names every round), a ``Consume`` stream on each, ``PushMany`` of
-``--messages`` to each queue, every stream reads its messages and is cancelled. After
+``--messages`` to each queue, every stream reads its messages and is cancelled; each
+round on new connections (``--no-reconnect``: the same ones all along). After
 each round it prints the gateway's RSS (all its processes), open file descriptors and
 threads, Redis's connected clients, and the consumer-group consumers left in Redis.
 
@@ -108,16 +109,24 @@ async def soak(args: argparse.Namespace) -> list[Round]:
         gateway, target = await start_gateway(redis.url, args.workers)
         admin = aioredis.Redis.from_url(redis.url)
         options = [("grpc.use_local_subchannel_pool", 1)]  # a connection per channel
-        channels = [
-            grpc.aio.insecure_channel(target, options=options) for _ in range(args.connections)
-        ]
-        stubs = [queue_service_pb2_grpc.QueueServiceStub(c) for c in channels]
+
+        def connect() -> list[grpc.aio.Channel]:
+            return [
+                grpc.aio.insecure_channel(target, options=options) for _ in range(args.connections)
+            ]
+
+        channels = connect()
         loop = asyncio.get_running_loop()
         try:
             print(f"{'round':>5}{'RSS MiB':>9}{'fds':>6}{'threads':>8}{'redis clients':>14}"
                   f"{'group consumers':>16}{'s':>6}")  # fmt: skip
             for number in range(1, args.rounds + 1):
                 started = loop.time()
+                if args.reconnect and number > 1:  # clients reconnect: new connections
+                    for channel in channels:
+                        await channel.close()
+                    channels = connect()
+                stubs = [queue_service_pb2_grpc.QueueServiceStub(c) for c in channels]
                 await one_round(stubs, names, args.messages)
                 seconds = loop.time() - started
                 await asyncio.sleep(args.settle)  # the gateway sees the cancels
@@ -148,6 +157,12 @@ def main() -> None:
     parser.add_argument("--queues", type=int, default=1000)
     parser.add_argument("--messages", type=int, default=10, help="per queue and round")
     parser.add_argument("--connections", type=int, default=4)
+    parser.add_argument(
+        "--reconnect",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="new connections every round, as reconnecting clients make (default)",
+    )
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--settle", type=float, default=1.0, help="seconds after each round")
     parser.add_argument("--json", type=Path, help="write the rows here")

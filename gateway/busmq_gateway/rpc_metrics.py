@@ -8,6 +8,7 @@ an increment and a histogram observation.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterable, Iterator
 
@@ -83,6 +84,14 @@ REFUSED = (
     "Calls refused by principal and reason (PERMISSION_DENIED, STREAM_LIMIT, ...).",
 )
 PRINCIPAL_STREAMS = ("busmq_gateway_principal_streams", "Open streams per principal.")
+ASYNCIO_TASKS = (
+    "busmq_gateway_asyncio_tasks",
+    "Tasks alive in the gateway's event loop (level under churn; growth is a leak).",
+)
+RELAYED = (
+    "busmq_gateway_relayed_calls",
+    "Calls relayed to the fleet's gateway that holds their stream (Reply, channel calls).",
+)
 """Name and help of the gateway's own figures, shared with the workers' publication."""
 
 
@@ -93,11 +102,16 @@ class GatewayCollector(Collector):
     :mod:`busmq_gateway.worker_metrics`.)"""
 
     def __init__(
-        self, access: Access, active_streams: Callable[[], int], malformed: Callable[[], int]
+        self,
+        access: Access,
+        active_streams: Callable[[], int],
+        malformed: Callable[[], int],
+        relayed: Callable[[], int] = lambda: 0,
     ) -> None:
         self.access = access
         self.active_streams = active_streams
         self.malformed = malformed
+        self.relayed = relayed
 
     def describe(self) -> Iterable[Metric]:
         return []
@@ -117,3 +131,16 @@ class GatewayCollector(Collector):
         for principal in self.access.principals:
             streams.add_metric([principal.name], self.access.streams_of(principal.name))
         yield streams
+        relayed = CounterMetricFamily(*RELAYED)
+        relayed.add_metric([], self.relayed())
+        yield relayed
+        tasks = GaugeMetricFamily(*ASYNCIO_TASKS)
+        tasks.add_metric([], _tasks())
+        yield tasks
+
+
+def _tasks() -> int:
+    try:
+        return len(asyncio.all_tasks())
+    except RuntimeError:  # scraped from outside the loop's thread: nothing to count
+        return 0

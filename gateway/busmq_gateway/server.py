@@ -111,7 +111,12 @@ class Gateway:
         # Read at scrape time, never multiprocess files: a worker publishes these
         # to its supervisor itself (WorkerFigures).
         self.registry.register(
-            GatewayCollector(self.access, lambda: self.active_streams, lambda: self.malformed.total)
+            GatewayCollector(
+                self.access,
+                lambda: self.active_streams,
+                lambda: self.malformed.total,
+                lambda: self.relay.relayed,
+            )
         )
         self.http: HttpListener | None = None
         self._worker_figures: WorkerFigures | None = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -71,6 +72,7 @@ class GatewayProcess:
         self.extra = extra
         self.env = env or {}
         self.port = free_port()
+        self.http_port: int | None = None  # once started, with an HTTP listener
         self.process: asyncio.subprocess.Process | None = None
 
     @property
@@ -98,6 +100,8 @@ class GatewayProcess:
                 if not line:
                     raise RuntimeError("gateway exited before it was ready")
                 if b"busmq gateway ready" in line:
+                    http = re.search(rb"http on port (\d+)", line)
+                    self.http_port = int(http.group(1)) if http else None
                     break
         self._drain = asyncio.create_task(self._discard_output())
 
