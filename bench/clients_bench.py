@@ -16,8 +16,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import signal
+import sys
 import tempfile
 from pathlib import Path
 
@@ -35,8 +35,8 @@ from federation_bench import (
     workload_arguments,
 )
 
-CLIENTS = Path(__file__).resolve().parents[1] / "clients"
-TYPESCRIPT, GO = CLIENTS / "typescript", CLIENTS / "go"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' build helpers
+from tests.support.client_programs import build_go, build_typescript
 
 
 async def run_client(
@@ -79,31 +79,10 @@ async def run_client(
 
 
 async def build_clients(directory: Path) -> dict[str, list[str]]:
-    """Build the TypeScript (npm run build) and Go (GOPATH mode, Debian's packages) bench
-    programs; the command line of each."""
-    await run(["npm", "run", "--silent", "build"], cwd=TYPESCRIPT)
-    gopath = directory / "gopath"
-    (gopath / "src" / "busmq.dev").mkdir(parents=True)
-    (gopath / "src" / "busmq.dev" / "go").symlink_to(GO)
-    env = {
-        **os.environ,
-        "GO111MODULE": "off",
-        "GOPATH": f"{gopath}:/usr/share/gocode",
-        "GOFLAGS": "",
-        "GOCACHE": str(directory / "gocache"),
-    }
-    binary = directory / "go-flood"
-    await run(["go", "build", "-o", str(binary), "busmq.dev/go/cmd/flood"], cwd=gopath, env=env)
-    return {
-        "typescript": ["node", str(TYPESCRIPT / "dist" / "bench" / "flood.js")],
-        "go": [str(binary)],
-    }
-
-
-async def run(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> None:
-    process = await asyncio.create_subprocess_exec(*argv, cwd=cwd, env=env)
-    if await process.wait() != 0:
-        raise RuntimeError(f"{' '.join(argv)} failed in {cwd}")
+    """Build the TypeScript and Go bench programs; the command line of each."""
+    dist = await build_typescript()
+    binary = await build_go("flood", directory)
+    return {"typescript": ["node", str(dist / "bench" / "flood.js")], "go": [str(binary)]}
 
 
 async def main(args: argparse.Namespace) -> None:
