@@ -63,6 +63,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="/metrics, /healthz and the dashboard ('off' for none)",
     )
     parser.add_argument(
+        "--http-allowed-hosts",
+        default=env("BUSMQ_GATEWAY_HTTP_ALLOWED_HOSTS", ""),
+        help="host names (name or name:port, comma-separated) the HTTP listener answers"
+        " besides its own, e.g. the name a proxy forwards",
+    )
+    parser.add_argument(
         "--history-interval",
         type=float,
         default=float(env("BUSMQ_GATEWAY_HISTORY_INTERVAL", "10")),
@@ -137,6 +143,9 @@ def settings_from(args: argparse.Namespace) -> GatewaySettings:
         keepalive_seconds=args.keepalive_seconds,
         grace_seconds=args.drain_seconds,
         http_listen=None if args.http_listen in ("", "off") else args.http_listen,
+        http_allowed_hosts=tuple(
+            h.strip() for h in args.http_allowed_hosts.split(",") if h.strip()
+        ),
         history_seconds=args.history_interval,
         metrics_max_queues=args.metrics_max_queues,
         reuse_port=args.reuse_port,

@@ -65,6 +65,9 @@ class GatewaySettings:
         http_listen: ``host:port`` of the HTTP listener (``/metrics``, ``/healthz``, the
             dashboard), or ``None`` for none. Open on loopback; elsewhere it needs a
             secret and TLS (or ``allow_plaintext``), like the gRPC port.
+        http_allowed_hosts: host names the HTTP listener answers besides its own
+            (``name`` or ``name:port``, e.g. the name a proxy forwards): see
+            :mod:`busmq_gateway.web_guard`.
         history_seconds: interval between the samples of the dashboard's charts (an hour
             of them is kept in the gateway process, for at most 1,000 queues).
         metrics_max_queues: queues reported under their own label; the rest are summed.
@@ -92,6 +95,7 @@ class GatewaySettings:
     default_prefetch: int = 100
     max_prefetch: int = 1000
     http_listen: str | None = None
+    http_allowed_hosts: tuple[str, ...] = ()
     history_seconds: float = 10.0
     metrics_max_queues: int = 100
     metrics_cache_seconds: float = 2.0

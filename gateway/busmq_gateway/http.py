@@ -32,6 +32,7 @@ from .config import GatewaySettings
 from .history import History
 from .overview import Overview
 from .queue_pages import QueuePages
+from .web_guard import WebGuard
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +64,11 @@ class HttpListener:
         self._access = access
         self._open = is_loopback(self.listen)
         self._runner: web.AppRunner | None = None
+        self._guard = WebGuard(self.listen.rsplit(":", 1)[0], settings.http_allowed_hosts)
         self.port = 0
 
     async def start(self) -> None:
-        app = web.Application(middlewares=[self._auth])
+        app = web.Application(middlewares=[self._guard.middleware, self._auth])
         app.router.add_get("/", self._dashboard)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._health)
@@ -83,7 +85,7 @@ class HttpListener:
         )
         await site.start()
         self.history.start()
-        self.port = int(self._runner.addresses[0][1])
+        self.port = self._guard.port = int(self._runner.addresses[0][1])
         log.info(
             "http listening on %s:%d (/metrics, /healthz, dashboard; %s)",
             host,

@@ -19,6 +19,7 @@ from busmq.v1 import (
 )
 from busmq_gateway import Gateway, GatewaySettings
 from tests.conftest import fast_settings
+from tests.support.browser import browser  # noqa: F401 - a fixture of the dashboard tests
 from tests.support.redis_server import RedisServer
 
 R = TypeVar("R")

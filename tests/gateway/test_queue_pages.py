@@ -33,6 +33,8 @@ async def call(
     method: str, url: str, secret: str | None = None, body: Any = None
 ) -> tuple[int, Any]:
     headers = {"Authorization": f"Bearer {secret}"} if secret else {}
+    if method == "POST" and body is None:
+        body = {}  # the page always sends JSON (web_guard refuses other bodies)
     async with (
         aiohttp.ClientSession() as session,
         session.request(method, url, headers=headers, json=body) as response,

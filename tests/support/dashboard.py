@@ -28,9 +28,11 @@ PRINCIPALS = (
 
 
 @contextlib.asynccontextmanager
-async def admin_gateway(redis_url: str) -> AsyncIterator[tuple[Bus, str]]:
-    """A bus and a gateway serving it with an HTTP listener; yields the bus and the
-    listener's root URL."""
+async def admin_gateway(
+    redis_url: str, allowed_hosts: tuple[str, ...] = ()
+) -> AsyncIterator[tuple[Bus, str]]:
+    """A bus and a gateway serving it with an HTTP listener (answering ``allowed_hosts``
+    too); yields the bus and the listener's root URL."""
     bus = Bus(fast_settings([redis_url]))
     await bus.connect()
     settings = GatewaySettings(
@@ -38,6 +40,7 @@ async def admin_gateway(redis_url: str) -> AsyncIterator[tuple[Bus, str]]:
         principals=PRINCIPALS,
         bus=bus.settings,
         http_listen="127.0.0.1:0",
+        http_allowed_hosts=allowed_hosts,
         history_seconds=0.05,
         metrics_cache_seconds=0.05,
     )
