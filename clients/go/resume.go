@@ -17,12 +17,15 @@ const (
 // returned). Between attempts it calls resumed with the error that broke the stream
 // (nil: the gateway ended it, as a draining one does) and waits with jittered
 // exponential backoff, 100 ms doubling to 5 s; attempt calls started once its stream is
-// up, which resets the backoff. Consumers, servers and channel ends all resume so.
+// up, which resets the backoff. A stream that was up and that its gateway ended (a drain)
+// is reopened at once, on another gateway: a draining one refuses new streams, so this
+// cannot spin. Consumers, servers and channel ends all resume so.
 func resumeLoop(ctx context.Context, attempt func(ctx context.Context, started func()) (done bool, err error),
 	resumed func(err error)) error {
 	backoff := firstBackoff
 	for ctx.Err() == nil {
-		done, err := attempt(ctx, func() { backoff = firstBackoff })
+		up := false
+		done, err := attempt(ctx, func() { backoff, up = firstBackoff, true })
 		if done || ctx.Err() != nil {
 			return nil
 		}
@@ -31,6 +34,9 @@ func resumeLoop(ctx context.Context, attempt func(ctx context.Context, started f
 			return err
 		}
 		resumed(err)
+		if err == nil && up {
+			continue // moved by a drain
+		}
 		select {
 		case <-ctx.Done():
 			return nil

@@ -22,12 +22,25 @@ from .malformed import MALFORMED, MalformedLog, tolerant
 from .principals import Principal
 from .rpc_metrics import RpcMetrics
 
+DRAINING = RequestError(
+    "this gateway is draining: open the stream on another one",
+    "GATEWAY_DRAINING",
+    grpc.StatusCode.UNAVAILABLE,
+)
+
 
 class Guard:
-    def __init__(self, access: Access, malformed_log: MalformedLog, metrics: RpcMetrics) -> None:
+    def __init__(
+        self,
+        access: Access,
+        malformed_log: MalformedLog,
+        metrics: RpcMetrics,
+        draining: asyncio.Event | None = None,
+    ) -> None:
         self.access = access
         self.malformed_log = malformed_log
         self.metrics = metrics
+        self.draining = draining or asyncio.Event()
 
     def add_services(
         self,
@@ -96,6 +109,10 @@ class Guard:
         started = self.metrics.start(kind, method)
         code: grpc.StatusCode | None = None
         try:
+            if self.draining.is_set():
+                # A stream opened on a draining gateway would only be told to move:
+                # refused at once, so that the client (or the balancer) goes elsewhere.
+                await context.abort_with_status(to_status(DRAINING))
             principal = await self._admit(method, request, context)
             with contextlib.ExitStack() as slot:
                 try:

@@ -151,7 +151,7 @@ class Gateway:
         interceptors = [AuthInterceptor(self.access)] if self.settings.authenticated else []
         self.server = grpc.aio.server(interceptors=interceptors, options=self._options())
         self.bus.events.on(self._on_bus_event)
-        Guard(self.access, self.malformed, self.rpc_metrics).add_services(
+        Guard(self.access, self.malformed, self.rpc_metrics, self._draining).add_services(
             self.server,
             [
                 (queue_service_pb2_grpc.add_QueueServiceServicer_to_server, self.queues),
@@ -214,9 +214,7 @@ class Gateway:
     async def stop(self) -> None:
         """Drain: end every stream cleanly (at-least-once deliveries in flight are given
         back for redelivery), let unary calls finish within the grace period, close."""
-        log.info("draining %d stream(s)", self.active_streams)
-        self._draining.set()
-        await self._set_health(False)
+        await self.begin_drain()
         # Streams end first while unary calls are still served, so clients can ack what
         # they were sent; then the listener closes and running calls get the rest.
         half = self.settings.grace_seconds / 2
@@ -237,6 +235,16 @@ class Gateway:
         if self._own_bus:
             await self.bus.close()
         log.info("gateway stopped")
+
+    async def begin_drain(self) -> None:
+        """The first step of :meth:`stop`: not ready (health, ``/readyz``), every stream
+        told to move and ended, new streams refused ``UNAVAILABLE`` (reason
+        ``GATEWAY_DRAINING``); unary calls are still served."""
+        if self._draining.is_set():
+            return
+        log.info("draining %d stream(s)", self.active_streams)
+        self._draining.set()
+        await self._set_health(False)
 
     @property
     def active_streams(self) -> int:

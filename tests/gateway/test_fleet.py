@@ -14,8 +14,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from busmq.v1 import channel_service_pb2 as cpb
 from busmq.v1 import queue_service_pb2 as pb
@@ -36,6 +38,9 @@ from tests.gateway.test_principal_isolation import (
     text,
 )
 from tests.support.redis_server import RedisServer
+
+SECRET = "drain-secret-0123456789"
+ANY = (("authorization", f"Bearer {SECRET}"),)
 
 
 class Fleet:
@@ -318,3 +323,56 @@ def unary_calls(gateway: Gateway, methods: tuple[str, ...]) -> float:
         for sample in metric.samples
         if sample.name.endswith("_total") and sample.labels["grpc_method"] in methods
     )
+
+
+async def test_a_draining_gateway_is_not_ready_and_moves_its_streams(
+    redis_server: RedisServer,
+) -> None:
+    settings = GatewaySettings(
+        listen="127.0.0.1:0",
+        secrets=(SECRET,),
+        bus=fast_settings([redis_server.url]),
+        http_listen="127.0.0.1:0",
+        grace_seconds=2,
+    )
+    gateway = Gateway(settings)
+    await gateway.start()
+    assert gateway.http is not None
+    ready = f"http://127.0.0.1:{gateway.http.port}/readyz"
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{gateway.port}") as channel:
+        stubs, health = Stubs(channel), health_pb2_grpc.HealthStub(channel)
+        try:
+            await stubs.queues.AttachQueue(pb.AttachQueueRequest(queue="moving"), metadata=ANY)
+            await stubs.queues.Push(
+                pb.PushRequest(queue="moving", messages=[text("m")]), metadata=ANY
+            )
+            stream = stubs.queues.Consume(
+                pb.ConsumeRequest(queue="moving", mode=types_pb2.CONSUME_MODE_AT_LEAST_ONCE),
+                metadata=ANY,
+            )
+            delivery = await first_event(stream, "delivery")
+            assert await http_status(ready) == 200
+
+            await gateway.begin_drain()
+            assert (await first_event(stream, "state")).kind == "draining"
+            assert [r async for r in stream] == [] and await stream.code() is grpc.StatusCode.OK
+            checked = await health.Check(health_pb2.HealthCheckRequest())
+            assert checked.status == health_pb2.HealthCheckResponse.NOT_SERVING
+            assert await http_status(ready) == 503
+            refused = stubs.queues.Consume(pb.ConsumeRequest(queue="moving"), metadata=ANY)
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await first_event(refused, "started")
+            assert caught.value.code() is grpc.StatusCode.UNAVAILABLE
+            assert error_info(caught.value).reason == "GATEWAY_DRAINING"
+            # Unary calls are still served: the client settles what it holds.
+            acked = await stubs.queues.Ack(
+                pb.AckRequest(queue="moving", ids=[delivery.message.id]), metadata=ANY
+            )
+            assert acked.acked == 1
+        finally:
+            await gateway.stop()
+
+
+async def http_status(url: str) -> int:
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        return response.status

@@ -130,6 +130,7 @@ export class Consumer implements AsyncIterable<Delivery> {
     try {
       while (!this.abort.signal.aborted && !this.reachedMax()) {
         let ended: "closed" | "max" | "gateway" = "gateway";
+        let moved = false; // a stream that was up, ended by its gateway (a drain): no pause
         try {
           const stream = this.queue.client.queues.consume(this.request(), {
             signal: this.abort.signal,
@@ -139,6 +140,7 @@ export class Consumer implements AsyncIterable<Delivery> {
             if (event.case === "started") {
               this.consumerId = event.value.consumerId;
               backoff = 100;
+              moved = true;
             } else if (event.case === "delivery" || event.case === "batch") {
               const deliveries = event.case === "batch" ? event.value.deliveries : [event.value];
               for (const delivery of deliveries) {
@@ -160,14 +162,18 @@ export class Consumer implements AsyncIterable<Delivery> {
             throw busError;
           }
           this.lastError = busError;
+          moved = false;
         }
         if (ended !== "gateway") {
           return;
         }
-        // Broken, or ended by a draining gateway: reopen after a pause.
+        // Ended by a draining gateway: reopen at once, on another one. Broken: after a
+        // pause.
         this.resumes += 1;
-        await sleep(backoff * (0.5 + Math.random()));
-        backoff = Math.min(backoff * 2, 5000);
+        if (!moved) {
+          await sleep(backoff * (0.5 + Math.random()));
+          backoff = Math.min(backoff * 2, 5000);
+        }
       }
     } finally {
       this.abort.abort();
