@@ -30,6 +30,7 @@ from busmq import Bus, BusError, Request, RequestTimeoutError, ServiceError
 
 from .errors import NotFound, RequestError, classify
 from .requesters import Requesters
+from .serving import start_serving
 
 log = logging.getLogger(__name__)
 
@@ -76,20 +77,13 @@ class Relay:
             raise
 
     async def _start(self) -> None:
-        service = self._bus.service(service_name(self.gateway_id), ttl=RELAY_SECONDS)
-        serving = asyncio.Event()
-        service.events.on(lambda event: serving.set() if event.kind == "serving" else None)
-        self._serving = asyncio.create_task(
-            service.serve(self._serve, concurrency=CONCURRENCY, visibility_timeout=RELAY_SECONDS),
-            name=f"busmq-gateway-relay {self.gateway_id}",
+        self._serving = await start_serving(
+            self._bus.service(service_name(self.gateway_id), ttl=RELAY_SECONDS),
+            self._serve,
+            f"busmq-gateway-relay {self.gateway_id}",
+            concurrency=CONCURRENCY,
+            visibility_timeout=RELAY_SECONDS,
         )
-        started = asyncio.ensure_future(serving.wait())
-        try:
-            await asyncio.wait({started, self._serving}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            started.cancel()
-        if self._serving.done():
-            self._serving.result()
 
     async def close(self) -> None:
         if self._starting is not None and not self._starting.done():

@@ -39,6 +39,7 @@ from .errors import NotFound, RequestError, rpc_errors, to_status, unary
 from .fleet import FleetKey, IdKind
 from .relay import Relay
 from .requesters import Requesters
+from .serving import start_serving
 from .streaming import Beat, StreamCount, now, paced
 
 log = logging.getLogger(__name__)
@@ -163,25 +164,14 @@ class RequestService(pb_grpc.RequestServiceServicer):
         visibility = optional_seconds(request, "visibility_timeout", 30.0)
         assert visibility is not None
         service = self._bus.service(request.service)
-        serving = asyncio.Event()
-        service.events.on(lambda event: serving.set() if event.kind == "serving" else None)
         server.service, server.concurrency = service, concurrency
-        server.task = asyncio.create_task(
-            service.serve(
-                functools.partial(self._hand_over, server),
-                concurrency=concurrency,
-                visibility_timeout=visibility,
-            ),
-            name=f"busmq-gateway-serve {service.name}",
+        server.task = await start_serving(
+            service,
+            functools.partial(self._hand_over, server),
+            f"busmq-gateway-serve {service.name}",
+            concurrency=concurrency,
+            visibility_timeout=visibility,
         )
-        started = asyncio.ensure_future(serving.wait())
-        try:
-            await asyncio.wait({started, server.task}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            started.cancel()
-        if server.task.done():
-            server.task.result()  # serve() failed to start: its error is the call's
-            raise BusError(f"service {service.name!r} stopped serving")
 
     async def _stop_serving(self, server: _Server) -> None:
         if server.task is not None:
