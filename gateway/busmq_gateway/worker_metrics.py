@@ -9,10 +9,12 @@ instead, every ``PUBLISH_SECONDS`` and once more when it stops:
 
 * ``busmq_client_<kind>{queue}`` (pushed, delivered, ...), increased by what was counted
   since the last publication, under the worker's own queue label bound;
-* ``busmq_gateway_refused_total{principal,reason}``, the same way;
+* ``busmq_gateway_refused_total{principal,reason}`` and
+  ``busmq_gateway_relayed_calls_total``, the same way;
 * ``busmq_gateway_active_streams`` and ``busmq_gateway_principal_streams{principal}``,
   summed over the live workers (``livesum``);
-* ``busmq_gateway_malformed_requests``, summed over every worker that ran (``sum``).
+* ``busmq_gateway_malformed_requests``, summed over every worker that ran (``sum``);
+* ``busmq_gateway_asyncio_tasks``, summed over the live workers.
 
 A worker killed outright loses what it counted since its last publication (at most
 ``PUBLISH_SECONDS``); one that stops cleanly loses nothing.
@@ -22,17 +24,40 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from prometheus_client import Counter, Gauge
 
-from busmq.metrics import CLIENT_HELP
+from busmq import Bus
+from busmq.metrics import CLIENT_HELP, BusMetrics
 from busmq.stats import KINDS
 
-from .rpc_metrics import ACTIVE_STREAMS, MALFORMED_REQUESTS, PRINCIPAL_STREAMS, REFUSED
+from .access import Access
+from .malformed import MalformedLog
+from .relay import Relay
+from .rpc_metrics import (
+    ACTIVE_STREAMS,
+    ASYNCIO_TASKS,
+    MALFORMED_REQUESTS,
+    PRINCIPAL_STREAMS,
+    REFUSED,
+    RELAYED,
+)
 
-if TYPE_CHECKING:
-    from .server import Gateway
+
+class Published(Protocol):
+    """The figures a worker publishes, as a gateway holds them (a
+    :class:`~busmq_gateway.server.Gateway` is one)."""
+
+    bus: Bus
+    bus_metrics: BusMetrics
+    access: Access
+    malformed: MalformedLog
+    relay: Relay
+
+    @property
+    def active_streams(self) -> int: ...
+
 
 PUBLISH_SECONDS = 1.0
 MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -41,7 +66,7 @@ MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
 class WorkerFigures:
     """Publishes one worker gateway's per-process figures (see the module docstring)."""
 
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: Published) -> None:
         self._gateway = gateway
         self._client = {
             kind: Counter(f"busmq_client_{kind}", CLIENT_HELP[kind], ["queue"], registry=None)
@@ -53,6 +78,8 @@ class WorkerFigures:
             *PRINCIPAL_STREAMS, ["principal"], multiprocess_mode="livesum", registry=None
         )
         self._malformed = Gauge(*MALFORMED_REQUESTS, multiprocess_mode="sum", registry=None)
+        self._relayed = Counter(*RELAYED, registry=None)
+        self._tasks = Gauge(*ASYNCIO_TASKS, multiprocess_mode="livesum", registry=None)
         self._published: dict[tuple[str, ...], int] = {}
         self._task: asyncio.Task[None] | None = None
 
@@ -90,6 +117,8 @@ class WorkerFigures:
             streams = gateway.access.streams_of(principal.name)
             self._principal_streams.labels(principal.name).set(streams)
         self._malformed.set(gateway.malformed.total)
+        self._advance(self._relayed, ("relayed",), gateway.relay.relayed)
+        self._tasks.set(len(asyncio.all_tasks()))
 
     def _advance(self, counter: Counter, key: tuple[str, ...], total: int, *labels: str) -> None:
         """Increase ``counter{labels}`` to ``total`` (what was counted since the last

@@ -1,5 +1,5 @@
-"""The core's layers call down only: no import circle among its modules (imports made
-only for type checking count too: they are the same dependency)."""
+"""The layers call down only: no import circle among the modules of the core or of the
+gateway (imports made only for type checking count too: they are the same dependency)."""
 
 from __future__ import annotations
 
@@ -7,16 +7,18 @@ import ast
 from pathlib import Path
 
 import busmq
+import busmq_gateway
 
 PACKAGE = Path(busmq.__file__).parent
+GATEWAY = Path(busmq_gateway.__file__).parent
 
 
-def module_imports() -> dict[str, set[str]]:
-    """Each module of the package (dotted, relative to it) and the package modules it
+def module_imports(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """Each module of ``package`` (dotted, relative to it) and the package's modules it
     imports."""
     modules = {}
-    for path in PACKAGE.rglob("*.py"):
-        parts = path.relative_to(PACKAGE).with_suffix("").parts
+    for path in package.rglob("*.py"):
+        parts = path.relative_to(package).with_suffix("").parts
         if parts[0] == "v1":  # generated code
             continue
         name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -84,6 +86,12 @@ def test_the_finder_reads_the_package() -> None:
 
 def test_no_import_circle_in_the_package() -> None:
     assert circles(module_imports()) == []
+
+
+def test_no_import_circle_in_the_gateway() -> None:
+    graph = module_imports(GATEWAY)
+    assert "fleet" in graph["attachments"]
+    assert circles(graph) == []
 
 
 def test_federated_objects_do_not_import_the_manager_that_makes_them() -> None:

@@ -218,6 +218,9 @@ async def test_the_supervisor_sums_what_the_workers_counted(tmp_path: Path) -> N
                 return samples.get("busmq_gateway_active_streams") == len(stubs)
 
             await eventually(streams_open, what="every stream open")
+            samples = await scrape(f"http://127.0.0.1:{http}/metrics")
+            assert (samples.get("busmq_gateway_asyncio_tasks") or 0) > 0  # every worker's
+            assert samples.get("busmq_gateway_relayed_calls_total") is not None
             messages = [types_pb2.OutgoingMessage(payload=b"%d" % i) for i in range(10)]
             for i in range(20):  # 20 pushes of 10 messages, over every connection
                 stub = stubs[i % len(stubs)]
