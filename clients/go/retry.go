@@ -11,8 +11,9 @@ import (
 )
 
 // safeToRetry are the calls that are safe to repeat, retried on another gateway when one
-// fails Unavailable. Behind a balancer, a gateway that dies or drains fails the calls in
-// flight on it (a reset stream, a 502 from the balancer). These only renew, settle, read
+// fails Unavailable (or is cancelled by the gateway's side). Behind a balancer, a gateway
+// that dies or drains fails the calls in flight on it (a reset stream, a 502 from the
+// balancer). These only renew, settle, read
 // or release, so the client repeats them itself with jittered exponential backoff; each
 // attempt is a new call the balancer may send to another gateway. Attaches, pushes
 // without a request id and replies are not repeated here: the caller knows whether it
@@ -47,7 +48,11 @@ func retrySafeCalls(ctx context.Context, method string, req, reply interface{},
 	backoff := retryInitial
 	for attempt := 1; ; attempt++ {
 		err := invoker(ctx, method, req, reply, cc, opts...)
-		if err == nil || status.Code(err) != codes.Unavailable || attempt >= retryAttempts {
+		// Cancelled by the other side, not by us: a balancer resets a call when the
+		// gateway behind it goes away.
+		code := status.Code(err)
+		retryable := code == codes.Unavailable || (code == codes.Canceled && ctx.Err() == nil)
+		if err == nil || !retryable || attempt >= retryAttempts {
 			return err
 		}
 		jittered := time.Duration(float64(backoff) * (0.8 + 0.4*rand.Float64())) // +-20%, as gRPC

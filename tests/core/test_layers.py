@@ -1,9 +1,11 @@
-"""The layers call down only: no import circle among the modules of the core or of the
-gateway (imports made only for type checking count too: they are the same dependency)."""
+"""The layers call down only: no import circle among the modules of the core, of the
+gateway, or of the TypeScript client (imports made only for type checking count too:
+they are the same dependency)."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import busmq
@@ -11,6 +13,9 @@ import busmq_gateway
 
 PACKAGE = Path(busmq.__file__).parent
 GATEWAY = Path(busmq_gateway.__file__).parent
+TYPESCRIPT = Path(__file__).resolve().parents[2] / "clients" / "typescript" / "src"
+# `import ... from "./x.js"`, `import type ...`, `export ... from "./x.js"`, over lines.
+TS_IMPORT = re.compile(r'^(?:import|export)\b[^;]*?\bfrom\s+"\./([\w/]+)\.js"', re.M | re.S)
 
 
 def module_imports(package: Path = PACKAGE) -> dict[str, set[str]]:
@@ -39,6 +44,16 @@ def module_imports(package: Path = PACKAGE) -> dict[str, set[str]]:
                 elif target in modules:
                     graph[name].add(target)
     return graph
+
+
+def typescript_imports(source: Path = TYPESCRIPT) -> dict[str, set[str]]:
+    """Each module of the TypeScript client (not the generated ``gen/``) and the client's
+    modules it imports."""
+    modules = {p.stem: p for p in source.glob("*.ts")}
+    return {
+        name: {m for m in TS_IMPORT.findall(path.read_text()) if m in modules}
+        for name, path in modules.items()
+    }
 
 
 def circles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
@@ -86,6 +101,16 @@ def test_the_finder_reads_the_package() -> None:
 
 def test_no_import_circle_in_the_package() -> None:
     assert circles(module_imports()) == []
+
+
+def test_no_import_circle_in_the_typescript_client(tmp_path: Path) -> None:
+    graph = typescript_imports()
+    assert "transport" in graph["queue"] and "client" not in graph["queue"]
+    assert circles(graph) == []
+    # The reader sees a circle where there is one, type-only imports included.
+    (tmp_path / "a.ts").write_text('import type {\n  B,\n} from "./b.js";\n')
+    (tmp_path / "b.ts").write_text('export { A } from "./a.js";\n')
+    assert circles(typescript_imports(tmp_path)) == [frozenset({"a", "b"})]
 
 
 def test_no_import_circle_in_the_gateway() -> None:

@@ -113,7 +113,11 @@ async def test_typescript_and_go_loops_survive_a_kill_and_a_rolling_restart(
         def all_acked() -> bool:
             return all(loops[name].acked.issuperset(ids) for name, ids in pushed.items())
 
-        await eventually(all_acked, timeout=60, what="every push acked")
+        try:
+            await eventually(all_acked, timeout=60, what="every push acked")
+        except AssertionError:
+            missing = {n: sorted(set(ids) - loops[n].acked)[:20] for n, ids in pushed.items()}
+            raise AssertionError(f"not acked: {missing}") from None
     finally:
         producing = False
         await asyncio.gather(producer, return_exceptions=True)

@@ -2,13 +2,12 @@
 // end; its deliveries are an async iterable, its state events go to listeners.
 
 import { randomUUID } from "node:crypto";
-import type { BusClient } from "./client.js";
 import { type BusError, streamResumable, toBusError } from "./errors.js";
 import type { ConnectChannelResponse } from "./gen/busmq/v1/channel_service_pb.js";
 import type { Message } from "./gen/busmq/v1/types_pb.js";
 import { decode, encode, type Payload } from "./messages.js";
 import { MODES, type Mode } from "./consumer.js";
-import { duration, sleep } from "./queue.js";
+import { duration, sleep, type Transport } from "./transport.js";
 
 export interface ChannelRoles {
   /** The role this end plays (default "local"). */
@@ -67,7 +66,7 @@ export class ChannelEnd implements AsyncIterable<ChannelMessage> {
   lastError: BusError | undefined;
 
   constructor(
-    readonly client: BusClient,
+    readonly client: Transport,
     readonly name: string,
     readonly roles: ChannelRoles = {},
   ) {}

@@ -19,6 +19,7 @@ import { listQueues, type ListQueuesOptions, type QueueSummary } from "./queue_a
 import { ServiceHandle } from "./service.js";
 import { Tracing, type TracingOptions } from "./tracing.js";
 import { retrySafeCalls } from "./retry.js";
+import type { Transport } from "./transport.js";
 
 export interface BusClientOptions {
   /** The gateway: "https://gateway-a:8443" (TLS) or "http://127.0.0.1:8443" (plaintext). */
@@ -42,7 +43,7 @@ export interface BusClientOptions {
 }
 
 /** A client of one busmq gateway. Close it to release its attachments. */
-export class BusClient {
+export class BusClient implements Transport {
   readonly url: string;
   readonly timeoutMs: number;
   /** The generated service clients, for calls the helpers do not cover. */

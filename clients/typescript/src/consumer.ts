@@ -7,9 +7,15 @@ import type { ConsumeRequestSchema } from "./gen/busmq/v1/queue_service_pb.js";
 import { ConsumeMode, type Delivery as WireDelivery, type Message } from "./gen/busmq/v1/types_pb.js";
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import { decode, type Payload } from "./messages.js";
-import { duration, type QueueHandle, sleep } from "./queue.js";
+import { duration, sleep, type Transport } from "./transport.js";
 
 export type Mode = "at-most-once" | "at-least-once" | "replay";
+
+/** What a consumer needs of its queue (a QueueHandle is one). */
+export interface ConsumedQueue {
+  readonly client: Transport;
+  readonly name: string;
+}
 
 export interface ConsumeOptions {
   /** Default "at-most-once". */
@@ -116,7 +122,7 @@ export class Consumer implements AsyncIterable<Delivery> {
   private flushing: Promise<void> | undefined;
 
   constructor(
-    readonly queue: QueueHandle,
+    readonly queue: ConsumedQueue,
     private readonly options: ConsumeOptions,
     private readonly onStop: () => void,
   ) {}
@@ -130,7 +136,6 @@ export class Consumer implements AsyncIterable<Delivery> {
     try {
       while (!this.abort.signal.aborted && !this.reachedMax()) {
         let ended: "closed" | "max" | "gateway" = "gateway";
-        let moved = false; // a stream that was up, ended by its gateway (a drain): no pause
         try {
           const stream = this.queue.client.queues.consume(this.request(), {
             signal: this.abort.signal,
@@ -140,7 +145,6 @@ export class Consumer implements AsyncIterable<Delivery> {
             if (event.case === "started") {
               this.consumerId = event.value.consumerId;
               backoff = 100;
-              moved = true;
             } else if (event.case === "delivery" || event.case === "batch") {
               const deliveries = event.case === "batch" ? event.value.deliveries : [event.value];
               for (const delivery of deliveries) {
@@ -162,18 +166,14 @@ export class Consumer implements AsyncIterable<Delivery> {
             throw busError;
           }
           this.lastError = busError;
-          moved = false;
         }
         if (ended !== "gateway") {
           return;
         }
-        // Ended by a draining gateway: reopen at once, on another one. Broken: after a
-        // pause.
+        // Broken, or ended by a draining gateway: reopen after a pause.
         this.resumes += 1;
-        if (!moved) {
-          await sleep(backoff * (0.5 + Math.random()));
-          backoff = Math.min(backoff * 2, 5000);
-        }
+        await sleep(backoff * (0.5 + Math.random()));
+        backoff = Math.min(backoff * 2, 5000);
       }
     } finally {
       this.abort.abort();

@@ -2,9 +2,8 @@
 // the bus, with an expiry kept alive while its owner runs. The same objects the Python
 // `bus.persistable()` and the gateway's PersistableService read and write.
 
-import type { BusClient } from "./client.js";
 import type { JsonValue } from "./messages.js";
-import { duration, seconds } from "./queue.js";
+import { duration, seconds, type Transport } from "./transport.js";
 
 export interface PersistableOptions {
   /** Seconds the object survives its last save or renewal (default: the gateway's). */
@@ -21,7 +20,7 @@ export class Persistable<T extends Record<string, JsonValue>> {
   private renewal: NodeJS.Timeout | undefined;
 
   constructor(
-    readonly client: BusClient,
+    readonly client: Transport,
     readonly name: string,
     fields: T,
     readonly options: PersistableOptions = {},

@@ -8,16 +8,12 @@
 
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import { Code } from "@connectrpc/connect";
-import type { BusClient } from "./client.js";
 import { BusError, toBusError } from "./errors.js";
-import type { PushRequestSchema, PushStreamRequestSchema } from "./gen/busmq/v1/queue_service_pb.js";
-import { statusError } from "./pushes.js";
+import type { PushStreamRequestSchema } from "./gen/busmq/v1/queue_service_pb.js";
+import { NO_PUSH_STREAM, type PushInit, statusError, type Transport } from "./transport.js";
 
-type PushInit = MessageInitShape<typeof PushRequestSchema>;
 type PushStreamInit = MessageInitShape<typeof PushStreamRequestSchema>;
 
-/** Rejects a push the gateway cannot take over a stream: it goes by a call instead. */
-export const NO_PUSH_STREAM = new Error("the gateway has no PushStream");
 
 interface Waiting {
   resolve(ids: bigint[]): void;
@@ -68,7 +64,7 @@ export class PushStreamer {
   private current: OpenStream | undefined;
   private unsupported = false;
 
-  constructor(private readonly client: BusClient) {}
+  constructor(private readonly client: Transport) {}
 
   /** Store `request` over the stream; rejects with NO_PUSH_STREAM if the gateway has none. */
   push(request: PushInit): Promise<bigint[]> {

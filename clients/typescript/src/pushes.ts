@@ -5,15 +5,7 @@
 // ids, or its own error). A gateway spends about a millisecond of CPU per call whatever it
 // carries, so single-message pushes at a high rate would otherwise saturate it.
 
-import type { MessageInitShape } from "@bufbuild/protobuf";
-import { ConnectError } from "@connectrpc/connect";
-import type { BusClient } from "./client.js";
-import { toBusError } from "./errors.js";
-import { NO_PUSH_STREAM } from "./push_stream.js";
-import type { PushRequestSchema } from "./gen/busmq/v1/queue_service_pb.js";
-import type { Status } from "./gen/google/rpc/status_pb.js";
-
-type PushInit = MessageInitShape<typeof PushRequestSchema>;
+import { NO_PUSH_STREAM, type PushInit, statusError, type Transport } from "./transport.js";
 
 interface Waiting {
   request: PushInit;
@@ -34,7 +26,7 @@ export class PushCoalescer {
   private waiting: Waiting[] = [];
   private sending = false;
 
-  constructor(private readonly client: BusClient) {}
+  constructor(private readonly client: Transport) {}
 
   /** Push `request` over the push stream, else in the next call; resolves with its ids. */
   async push(request: PushInit): Promise<bigint[]> {
@@ -108,15 +100,4 @@ export class PushCoalescer {
 
 function payloadBytes(request: PushInit): number {
   return (request.messages ?? []).reduce((total, m) => total + (m.payload?.length ?? 0), 0);
-}
-
-/** The typed error of one push's google.rpc.Status (in a PushMany or PushStream reply). */
-export function statusError(status: Status | undefined) {
-  const details = (status?.details ?? []).map((any) => ({
-    type: any.typeUrl.slice(any.typeUrl.lastIndexOf("/") + 1),
-    value: any.value,
-  }));
-  const error = new ConnectError(status?.message ?? "no outcome", status?.code);
-  error.details.push(...details); // as connect reads them from a status trailer
-  return toBusError(error);
 }

@@ -2,10 +2,10 @@
 // with idempotency keys and safe retries, resuming consumers.
 
 import { randomUUID } from "node:crypto";
-import type { BusClient } from "./client.js";
 import { type ConsumeOptions, Consumer } from "./consumer.js";
 import { BusError, NotFoundError, toBusError } from "./errors.js";
 import { encode, type Payload } from "./messages.js";
+import { duration, seconds, sleep, type Transport } from "./transport.js";
 import {
   browse,
   type BrowseOptions,
@@ -65,7 +65,7 @@ export class QueueHandle {
   private readonly consumers = new Set<Consumer>();
 
   constructor(
-    readonly client: BusClient,
+    readonly client: Transport,
     readonly name: string,
   ) {}
 
@@ -268,17 +268,4 @@ export class QueueHandle {
       }
     });
   }
-}
-
-export function duration(secondsValue: number): { seconds: bigint; nanos: number } {
-  const whole = Math.floor(secondsValue);
-  return { seconds: BigInt(whole), nanos: Math.round((secondsValue - whole) * 1e9) };
-}
-
-export function seconds(value: { seconds: bigint; nanos: number } | undefined): number {
-  return value === undefined ? 0 : Number(value.seconds) + value.nanos / 1e9;
-}
-
-export function sleep(ms: number): Promise<void> {
-  return new Promise((resolve) => setTimeout(resolve, ms));
 }

@@ -1,12 +1,11 @@
 // The queue controls and listings of the gateway's QueueService, as plain functions the
 // handles call: pause, rate limits, max deliveries, dead letters, ListQueues, BrowseQueue.
 
-import type { BusClient } from "./client.js";
 import { toBusError } from "./errors.js";
 import type { GetQueueResponse, RateLimit as WireRateLimit } from "./gen/busmq/v1/queue_service_pb.js";
 import type { Message } from "./gen/busmq/v1/types_pb.js";
 import { decode, type Payload } from "./messages.js";
-import { duration, seconds } from "./queue.js";
+import { duration, seconds, type Transport } from "./transport.js";
 
 /** At most `limit` deliveries per `perSeconds` for every consumer together; with `key`,
  * per value of that header (e.g. per tenant). */
@@ -74,7 +73,7 @@ export function fromWireRateLimit(rate: WireRateLimit | undefined): RateLimit | 
 
 /** The controls of `queue` in one call: only what is given changes. */
 export async function updateControls(
-  client: BusClient,
+  client: Transport,
   queue: string,
   change: {
     paused?: boolean;
@@ -99,7 +98,7 @@ export async function updateControls(
   );
 }
 
-export async function* listQueues(client: BusClient, options: ListQueuesOptions): AsyncIterable<QueueSummary> {
+export async function* listQueues(client: Transport, options: ListQueuesOptions): AsyncIterable<QueueSummary> {
   let pageToken = "";
   do {
     const reply = await client.unary((o) =>
@@ -126,7 +125,7 @@ export async function* listQueues(client: BusClient, options: ListQueuesOptions)
   } while (pageToken !== "");
 }
 
-export async function* browse(client: BusClient, queue: string, options: BrowseOptions): AsyncIterable<StoredMessage> {
+export async function* browse(client: Transport, queue: string, options: BrowseOptions): AsyncIterable<StoredMessage> {
   const abort = new AbortController();
   try {
     const stream = client.queues.browseQueue(

@@ -1,4 +1,5 @@
-// Calls that are safe to repeat, retried on another gateway when one fails Unavailable.
+// Calls that are safe to repeat, retried on another gateway when one fails Unavailable
+// (or is cancelled by the gateway's side).
 //
 // Behind a balancer, a gateway that dies or drains fails the calls in flight on it (a reset
 // stream, a 502 from the balancer). These calls only renew, settle, read or release, so the
@@ -36,8 +37,11 @@ export function retrySafeCalls(): Interceptor {
       try {
         return await next(request);
       } catch (error) {
-        const unavailable = ConnectError.from(error).code === Code.Unavailable;
-        if (!unavailable || attempt >= ATTEMPTS || request.signal.aborted) {
+        // Cancelled by the other side, not by us: a balancer resets a call when the
+        // gateway behind it goes away.
+        const code = ConnectError.from(error).code;
+        const retryable = code === Code.Unavailable || code === Code.Canceled;
+        if (!retryable || attempt >= ATTEMPTS || request.signal.aborted) {
           throw error;
         }
       }

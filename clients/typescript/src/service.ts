@@ -1,11 +1,10 @@
 // Request/reply through the gateway: requesters call a service by name; handlers serve
 // it from a stream that resumes after it breaks.
 
-import type { BusClient } from "./client.js";
 import { type BusError, streamResumable, toBusError } from "./errors.js";
 import type { Message } from "./gen/busmq/v1/types_pb.js";
 import { decode, encode, encodeValue, type Payload } from "./messages.js";
-import { duration, sleep } from "./queue.js";
+import { duration, sleep, type Transport } from "./transport.js";
 
 export interface RequestOptions {
   /** How long to wait for the reply (or for each streamed item), in ms (default 30,000). */
@@ -35,7 +34,7 @@ export interface ServeOptions {
 /** Service `name` on the gateway. */
 export class ServiceHandle {
   constructor(
-    readonly client: BusClient,
+    readonly client: Transport,
     readonly name: string,
   ) {}
 

@@ -7,22 +7,18 @@ import { BusClient } from "../src/index.js";
 const [url, secret, name] = process.argv.slice(2) as [string, string, string];
 const client = new BusClient({ url, secret });
 const queue = client.queue(name);
-const stopping = new AbortController();
-process.on("SIGTERM", () => stopping.abort());
+const deliveries = queue.consume({ mode: "at-least-once", visibilityTimeoutSeconds: 5 });
+process.on("SIGTERM", () => void deliveries.stop()); // ends the loop below
 
 try {
   await queue.attach();
-  const deliveries = queue.consume({ mode: "at-least-once", visibilityTimeoutSeconds: 5 });
   for await (const delivery of deliveries) {
     await delivery.ack();
     process.stdout.write(`acked ${delivery.id} ${delivery.deliveryCount}\n`);
-    if (stopping.signal.aborted) {
-      break;
-    }
   }
   await client.close();
   process.exit(0);
 } catch (error) {
-  process.stdout.write(`error ${String(error)}\n`);
+  process.stdout.write(`error ${String(error)} ${(error as Error).stack ?? ""}\n`);
   process.exit(1);
 }

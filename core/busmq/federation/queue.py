@@ -48,6 +48,7 @@ from ..message import Delivery, EncodedMessage, encode_item
 from ..pushing import Item, PushOptions, PushResult
 from ..queue_api import AttachOptions, Owner, QueueAPI
 from ..v1 import queue_service_pb2 as pb
+from .backoff import Backoff
 from .consume_stream import RemoteReader
 from .convert import duration, outgoing, seconds
 from .errors import AmbiguousPush, RemoteError, error_reason, from_rpc_error
@@ -59,6 +60,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 Headers = Mapping[str, str]
+
+
+REPEATED = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
+"""What :meth:`RemoteQueueBackend.repeated` repeats: the gateway went away in the call."""
 
 
 @dataclass(frozen=True)
@@ -304,7 +309,7 @@ class RemoteQueueBackend:
     async def ack(self, ids: list[int]) -> list[int]:
         if not ids:
             return []
-        response = await self.call("Ack", pb.AckRequest(queue=self.name, ids=ids))
+        response = await self.repeated("Ack", pb.AckRequest(queue=self.name, ids=ids))
         return [int(i) for i in response.unknown_ids]
 
     # -- inspection and management ------------------------------------------------
@@ -391,6 +396,24 @@ class RemoteQueueBackend:
             if raw:
                 raise
             raise self.error(exc) from None
+
+    async def repeated(self, method: str, request: Any) -> Any:
+        """:meth:`call` for a call that is safe to repeat, repeated while it fails
+        ``UNAVAILABLE`` within the link's operation timeout. The channel's retry policy
+        (:mod:`busmq.federation.retries`) covers a second or so; behind a balancer a
+        gateway that died can fail calls for longer (connections to it the balancer
+        kept), and an ack must not end a consumer's loop for that."""
+        settings = self.link.settings
+        backoff = Backoff(settings.reconnect_backoff_initial, settings.reconnect_backoff_max)
+        deadline = time.monotonic() + self.link.operation_timeout
+        while True:
+            try:
+                return await self.call(method, request, raw=True)
+            except grpc.aio.AioRpcError as exc:
+                delay = backoff.next()
+                if exc.code() not in REPEATED or time.monotonic() + delay > deadline:
+                    raise self.error(exc) from None
+            await asyncio.sleep(delay)
 
     def error(self, exc: grpc.aio.AioRpcError) -> BusError:
         return from_rpc_error(exc, queue=self.name, target=self.link.url)

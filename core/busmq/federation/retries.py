@@ -41,7 +41,9 @@ RETRY_POLICY: dict[str, Any] = {
     "initialBackoff": "0.05s",
     "maxBackoff": "1s",
     "backoffMultiplier": 2,
-    "retryableStatusCodes": ["UNAVAILABLE"],
+    # CANCELLED by the other side (ours is never retried): a balancer resets a call
+    # when the gateway behind it goes away.
+    "retryableStatusCodes": ["UNAVAILABLE", "CANCELLED"],
 }
 
 
