@@ -16,7 +16,7 @@ from busmq.leases import Renewal, hold, release_held, renew_held
 
 from .access import caller, check_owner
 from .errors import NotFound
-from .fleet import FleetKey, IdKind
+from .fleet import ATTACHMENT, FleetKey
 from .quotas import HeldQueues, backlog_for
 
 
@@ -43,7 +43,7 @@ class Attachments:
         except BaseException:
             await self.held.release(principal, name, member)
             raise
-        return self._fleet.sign(IdKind.ATTACHMENT, principal.name, name, member), created
+        return self._fleet.sign(ATTACHMENT, principal.name, name, member), created
 
     async def renew(self, attachment_id: str) -> None:
         name, member = self._open(attachment_id)
@@ -53,7 +53,7 @@ class Attachments:
             raise NotFound(f"queue {name!r} no longer exists", "QUEUE_NOT_FOUND", {"queue": name})
         if renewal is Renewal.LAPSED:
             await self.held.release(caller(), name, member)
-            raise NotFound(IdKind.ATTACHMENT[2], IdKind.ATTACHMENT[1])
+            raise ATTACHMENT.not_found()
         await self.held.renew(caller(), name, member)
 
     async def detach(self, attachment_id: str) -> None:
@@ -62,6 +62,6 @@ class Attachments:
         await self.held.release(caller(), name, member)
 
     def _open(self, attachment_id: str) -> tuple[str, str]:
-        owner, name, member = self._fleet.open(IdKind.ATTACHMENT, attachment_id)
+        owner, name, member = self._fleet.open(ATTACHMENT, attachment_id)
         check_owner(owner, "attachment_id")
         return name, member

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import functools
 import logging
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
-from google.protobuf.message import Message
 
 from busmq import Bus, BusError, Channel, Delivery, Event, Mode, UnknownMessageError
 from busmq.channel_protocol import channel_queue_name, send_encoded_to_role, validate_role
@@ -23,16 +21,15 @@ from busmq.v1 import types_pb2
 from .access import caller, check_owner
 from .config import GatewaySettings
 from .convert import consume_mode, delivery_fields, optional_seconds, outgoing_batch
-from .errors import NotFound, RequestError, classify, rpc_errors, to_status, unary
-from .fleet import FleetKey, IdKind
+from .errors import RequestError, classify, rpc_errors, to_status, unary
+from .fleet import CONNECTION, FleetKey
 from .relay import Relay
 from .streaming import Beat, StreamCount, now, paced
 
 log = logging.getLogger(__name__)
 
 _FINAL = frozenset({"ended", "disconnected"})
-M = TypeVar("M", bound=Message)
-R = TypeVar("R", pb.SendChannelRequest, pb.DisconnectChannelRequest, pb.EndChannelRequest)
+_ByConnection = pb.SendChannelRequest | pb.DisconnectChannelRequest | pb.EndChannelRequest
 
 
 class ChannelService(pb_grpc.ChannelServiceServicer):
@@ -51,12 +48,19 @@ class ChannelService(pb_grpc.ChannelServiceServicer):
         self._draining = draining
         self._connections: dict[str, Channel] = {}  # the ends this gateway holds, by key
         self.streams = StreamCount()
-        for method, local, kind in (
-            ("SendChannel", self._send, pb.SendChannelRequest),
-            ("DisconnectChannel", self._disconnect, pb.DisconnectChannelRequest),
-            ("EndChannel", self._end, pb.EndChannelRequest),
-        ):
-            relay.route(method, functools.partial(_relayed, local, kind))
+        relay.route(
+            "SendChannel", self._send, pb.SendChannelRequest, pb.SendChannelResponse, CONNECTION
+        )
+        relay.route(
+            "DisconnectChannel",
+            self._disconnect,
+            pb.DisconnectChannelRequest,
+            pb.DisconnectChannelResponse,
+            CONNECTION,
+        )
+        relay.route(
+            "EndChannel", self._end, pb.EndChannelRequest, pb.EndChannelResponse, CONNECTION
+        )
 
     # -- the connection stream ---------------------------------------------------------
 
@@ -73,9 +77,7 @@ class ChannelService(pb_grpc.ChannelServiceServicer):
             key = secrets.token_urlsafe(12)
             self._connections[key] = channel
             # The id routes later calls to this gateway, which holds the end.
-            connection_id = self._fleet.sign(
-                IdKind.CONNECTION, caller().name, self._relay.gateway_id, key
-            )
+            connection_id = self._fleet.sign(CONNECTION, caller().name, self._relay.gateway_id, key)
             try:
                 yield pb.ConnectChannelResponse(
                     started=pb.ChannelStarted(
@@ -146,7 +148,8 @@ class ChannelService(pb_grpc.ChannelServiceServicer):
     async def SendChannel(
         self, request: pb.SendChannelRequest, context: grpc.aio.ServicerContext
     ) -> pb.SendChannelResponse:
-        return await self._at_holder("SendChannel", request, self._send, context)
+        result: pb.SendChannelResponse = await self._at_holder("SendChannel", request, context)
+        return result
 
     async def _send(self, request: pb.SendChannelRequest) -> pb.SendChannelResponse:
         channel = self._connection(request.connection_id)
@@ -192,7 +195,10 @@ class ChannelService(pb_grpc.ChannelServiceServicer):
     async def DisconnectChannel(
         self, request: pb.DisconnectChannelRequest, context: grpc.aio.ServicerContext
     ) -> pb.DisconnectChannelResponse:
-        return await self._at_holder("DisconnectChannel", request, self._disconnect, context)
+        result: pb.DisconnectChannelResponse = await self._at_holder(
+            "DisconnectChannel", request, context
+        )
+        return result
 
     async def _disconnect(
         self, request: pb.DisconnectChannelRequest
@@ -204,33 +210,27 @@ class ChannelService(pb_grpc.ChannelServiceServicer):
     async def EndChannel(
         self, request: pb.EndChannelRequest, context: grpc.aio.ServicerContext
     ) -> pb.EndChannelResponse:
-        return await self._at_holder("EndChannel", request, self._end, context)
+        result: pb.EndChannelResponse = await self._at_holder("EndChannel", request, context)
+        return result
 
     async def _end(self, request: pb.EndChannelRequest) -> pb.EndChannelResponse:
         await self._connection(request.connection_id).end()
         return pb.EndChannelResponse()
 
     async def _at_holder(
-        self,
-        method: str,
-        request: R,
-        local: Callable[[R], Awaitable[M]],
-        context: grpc.aio.ServicerContext,
-    ) -> M:
-        """``local`` on the gateway that holds the connection, once the id is the caller's."""
-        owner, holder, _ = self._fleet.open(IdKind.CONNECTION, request.connection_id)
+        self, method: str, request: _ByConnection, context: grpc.aio.ServicerContext
+    ) -> Any:
+        """``method`` on the gateway that holds the connection, once the id is the caller's."""
+        owner, holder, _ = self._fleet.open(CONNECTION, request.connection_id)
         check_owner(owner, "connection_id")
-        response_type: type[M] = _RESPONSES[method]  # type: ignore[assignment]
-        return await self._relay.at_holder(
-            holder, method, request, local, response_type, context, _gone()
-        )
+        return await self._relay.at_holder(holder, method, request, context)
 
     def _connection(self, connection_id: str) -> Channel:
         """The end this gateway holds for ``connection_id`` (checked by the caller)."""
-        _, _, key = self._fleet.open(IdKind.CONNECTION, connection_id)
+        _, _, key = self._fleet.open(CONNECTION, connection_id)
         channel = self._connections.get(key)
         if channel is None:
-            raise _gone()
+            raise CONNECTION.not_found()
         return channel
 
 
@@ -274,23 +274,6 @@ class _Feed:
             yield event
             if event.kind in _FINAL:
                 return
-
-
-_RESPONSES: dict[str, type[Message]] = {
-    "SendChannel": pb.SendChannelResponse,
-    "DisconnectChannel": pb.DisconnectChannelResponse,
-    "EndChannel": pb.EndChannelResponse,
-}
-
-
-async def _relayed(
-    local: Callable[[Any], Awaitable[Message]], kind: type[Message], data: bytes
-) -> Message:
-    return await local(kind.FromString(data))
-
-
-def _gone() -> NotFound:
-    return NotFound(IdKind.CONNECTION[2], IdKind.CONNECTION[1])
 
 
 def _event_details(event: Event) -> dict[str, str]:

@@ -19,7 +19,7 @@ import binascii
 import hashlib
 import hmac
 import secrets
-from typing import Any
+from typing import Any, NamedTuple
 
 from busmq import Bus
 
@@ -30,13 +30,21 @@ _SEPARATOR = "\x1f"  # not in names, roles, principal names or the ids we make
 _MAC_BYTES = 16
 
 
-class IdKind:
-    """The kinds of id, each with the reason a bad one is refused with."""
+class IdKind(NamedTuple):
+    """A kind of id: its tag in the signed fields, and how a bad one is refused."""
 
-    ATTACHMENT = ("a", "ATTACHMENT_NOT_FOUND", "unknown or expired attachment")
-    CONSUMER = ("c", "CONSUMER_NOT_FOUND", "no active stream with that consumer_id")
-    CONNECTION = ("n", "CONNECTION_NOT_FOUND", "no connected channel end with that connection_id")
-    REQUEST = ("r", "REQUEST_NOT_FOUND", "no request awaits a reply with that request_id")
+    tag: str
+    reason: str
+    message: str
+
+    def not_found(self) -> NotFound:
+        return NotFound(self.message, self.reason)
+
+
+ATTACHMENT = IdKind("a", "ATTACHMENT_NOT_FOUND", "unknown or expired attachment")
+CONSUMER = IdKind("c", "CONSUMER_NOT_FOUND", "no active stream with that consumer_id")
+CONNECTION = IdKind("n", "CONNECTION_NOT_FOUND", "no connected channel end with that connection_id")
+REQUEST = IdKind("r", "REQUEST_NOT_FOUND", "no request awaits a reply with that request_id")
 
 
 class FleetKey:
@@ -50,11 +58,11 @@ class FleetKey:
         """Take the configured ``secret``'s key, else the one the fleet shares in Redis."""
         self._key = await _fleet_key(bus, secret)
 
-    def sign(self, kind: tuple[str, str, str], *fields: str) -> str:
-        payload = _SEPARATOR.join((kind[0], *fields)).encode()
+    def sign(self, kind: IdKind, *fields: str) -> str:
+        payload = _SEPARATOR.join((kind.tag, *fields)).encode()
         return f"{_b64(payload)}.{_b64(self._mac(payload))}"
 
-    def open(self, kind: tuple[str, str, str], token: str) -> list[str]:
+    def open(self, kind: IdKind, token: str) -> list[str]:
         """The fields signed into ``token``; ``NOT_FOUND`` (the kind's reason) for an id
         this fleet did not issue, or one of another kind."""
         try:
@@ -64,8 +72,8 @@ class FleetKey:
             fields = payload.decode().split(_SEPARATOR)
         except (ValueError, binascii.Error, UnicodeDecodeError):
             genuine, fields = False, []
-        if not genuine or fields[0] != kind[0]:
-            raise NotFound(kind[2], kind[1])
+        if not genuine or fields[0] != kind.tag:
+            raise kind.not_found()
         return fields[1:]
 
     def _mac(self, payload: bytes) -> bytes:

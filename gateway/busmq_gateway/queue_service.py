@@ -41,14 +41,13 @@ from .convert import (
     seconds,
 )
 from .errors import (
-    NotFound,
     RequestError,
     error_status,
     rpc_errors,
     to_status,
     unary,
 )
-from .fleet import FleetKey, IdKind
+from .fleet import CONSUMER, FleetKey
 from .inventory_service import QueueInventory
 from .push_stream import PushStreamSession, push_outcome
 from .streaming import Beat, StreamCount, paced
@@ -211,7 +210,7 @@ class QueueService(QueueInventory, pb_grpc.QueueServiceServicer):
         try:
             # The id names the consumer in Redis's group: any gateway settles by it.
             consumer_id = self._fleet.sign(
-                IdKind.CONSUMER, caller().name, consumer.queue.name, consumer.name
+                CONSUMER, caller().name, consumer.queue.name, consumer.name
             )
             yield pb.ConsumeResponse(started=pb.ConsumeStarted(consumer_id=consumer_id))
             async for response in self._deliveries(consumer, context, request.batch):
@@ -331,14 +330,14 @@ class QueueService(QueueInventory, pb_grpc.QueueServiceServicer):
     async def _consumer_of(self, queue: str, consumer_id: str) -> str:
         """The name of the consumer ``consumer_id`` names, once it is the caller's, of
         ``queue``, and reading it on some gateway of the fleet."""
-        owner, of_queue, name = self._fleet.open(IdKind.CONSUMER, consumer_id)
+        owner, of_queue, name = self._fleet.open(CONSUMER, consumer_id)
         check_owner(owner, "consumer_id")
         if of_queue != queue:
             raise RequestError("consumer_id belongs to another queue")
         if name not in self._consumers and not await controls.has_consumer(
             self._bus.queue(queue).store, name
         ):
-            raise NotFound(IdKind.CONSUMER[2], IdKind.CONSUMER[1])
+            raise CONSUMER.not_found()
         return name
 
     # -- inspection and management -----------------------------------------------------

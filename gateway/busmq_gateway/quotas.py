@@ -14,6 +14,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from redis.commands.core import AsyncScript
+
 from busmq import Bus
 
 from .access import LimitExceeded, refuse
@@ -56,6 +58,7 @@ class HeldQueues:
 
     def __init__(self, bus: Bus) -> None:
         self._bus = bus
+        self._scripts: dict[str, AsyncScript] = {}  # by source: run with EVALSHA
 
     async def hold(self, principal: Principal, queue: str, member: str) -> None:
         """Count ``member``'s attachment of ``queue`` for ``principal``, or refuse it
@@ -64,14 +67,14 @@ class HeldQueues:
         if not limit:
             return
         args = (_entry(queue, member), queue, limit, self._lease_ms)
-        held = await self._run(principal.name, lambda c, key: c.eval(_HOLD, 1, key, *args))
+        held = await self._run(principal.name, self._script(_HOLD, args))
         if int(held) >= 0:
             check_queue_quota(principal, int(held), queue)
 
     async def renew(self, principal: Principal, queue: str, member: str) -> None:
         if principal.max_queues:
             args = (_entry(queue, member), self._lease_ms)
-            await self._run(principal.name, lambda c, key: c.eval(_RENEW, 1, key, *args))
+            await self._run(principal.name, self._script(_RENEW, args))
 
     async def release(self, principal: Principal, queue: str, member: str) -> None:
         if principal.max_queues:
@@ -86,6 +89,17 @@ class HeldQueues:
             return {_text(e).split(_SEPARATOR, 1)[0] for e in entries}
 
         return len(await self._run(principal.name, read))
+
+    def _script(self, source: str, args: tuple[Any, ...]) -> Any:
+        """A call of Lua ``source`` on the principal's key (EVALSHA, loaded on NOSCRIPT)."""
+
+        async def call(client: Any, key: str) -> Any:
+            script = self._scripts.get(source)
+            if script is None:
+                script = self._scripts[source] = client.register_script(source)
+            return await script(keys=[key], args=list(args), client=client)
+
+        return call
 
     @property
     def _lease_ms(self) -> int:

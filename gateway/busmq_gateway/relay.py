@@ -21,14 +21,16 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import Any
 
 import grpc
 from google.protobuf.message import Message
 
 from busmq import Bus, BusError, Request, RequestTimeoutError, ServiceError
 
-from .errors import NotFound, RequestError, classify
+from .errors import RequestError, classify
+from .fleet import IdKind
 from .requesters import Requesters
 from .serving import start_serving
 
@@ -39,9 +41,15 @@ CONCURRENCY = 64
 _METHOD = "gw-method"
 _SERVICE_PREFIX = "busmq-gateway."
 
-M = TypeVar("M", bound=Message)
-M2 = TypeVar("M2", bound=Message)
-Handler = Callable[[bytes], Awaitable[Message]]
+
+@dataclass(frozen=True)
+class _Route:
+    """A method served by the holder: its local call, and its gRPC message types."""
+
+    local: Callable[[Any], Awaitable[Message]]
+    request_type: type[Message]
+    response_type: type[Message]
+    names: IdKind  # the kind of id the method names
 
 
 def service_name(gateway_id: str) -> str:
@@ -54,16 +62,24 @@ class Relay:
     def __init__(self, bus: Bus, gateway_id: str) -> None:
         self.gateway_id = gateway_id
         self._bus = bus
-        self._handlers: dict[str, Handler] = {}
+        self._routes: dict[str, _Route] = {}
         self._requesters = Requesters(bus, limit=64, timeout=RELAY_SECONDS)
         self._serving: asyncio.Task[None] | None = None
         self._starting: asyncio.Future[None] | None = None
         self.relayed = 0
         """Calls this gateway relayed to another (for the metrics and tests)."""
 
-    def route(self, method: str, handler: Handler) -> None:
-        """Serve relayed calls of ``method`` with ``handler`` (request bytes -> response)."""
-        self._handlers[method] = handler
+    def route(
+        self,
+        method: str,
+        local: Callable[[Any], Awaitable[Message]],
+        request_type: type[Message],
+        response_type: type[Message],
+        names: IdKind,
+    ) -> None:
+        """``method``, naming an id of kind ``names``, is served by the gateway holding
+        what it names, with ``local``."""
+        self._routes[method] = _Route(local, request_type, response_type, names)
 
     async def ensure_serving(self) -> None:
         """Serve the relay service (once): before handing out an id that routes here."""
@@ -94,32 +110,15 @@ class Relay:
         await self._requesters.close()
 
     async def at_holder(
-        self,
-        holder: str,
-        method: str,
-        request: M2,
-        local: Callable[[M2], Awaitable[M]],
-        response_type: type[M],
-        context: grpc.aio.ServicerContext,
-        gone: NotFound,
-    ) -> M:
-        """``local(request)`` when this gateway is the ``holder``, else the call relayed
-        there (see :meth:`call`)."""
+        self, holder: str, method: str, request: Message, context: grpc.aio.ServicerContext
+    ) -> Any:
+        """The routed ``method`` on gateway ``holder``: here, its local call; elsewhere,
+        relayed there, its error raised here as the same status. A holder that does not
+        answer within the call's deadline and :data:`RELAY_SECONDS` is gone, and so is
+        what the id named: ``NOT_FOUND`` with the id kind's reason."""
+        route = self._routes[method]
         if holder == self.gateway_id:
-            return await local(request)
-        return await self.call(holder, method, request, response_type, context, gone)
-
-    async def call(
-        self,
-        holder: str,
-        method: str,
-        request: Message,
-        response_type: type[M],
-        context: grpc.aio.ServicerContext,
-        gone: NotFound,
-    ) -> M:
-        """``method`` with ``request`` on gateway ``holder``; its error is raised here as
-        the same status. ``gone``: what to raise when the holder does not answer."""
+            return await route.local(request)
         name = service_name(holder)
         limit = RELAY_SECONDS
         remaining = context.time_remaining()
@@ -132,22 +131,22 @@ class Relay:
                 request.SerializeToString(), headers={_METHOD: method}, timeout=limit
             )
         except RequestTimeoutError:
-            raise gone from None
+            raise route.names.not_found() from None
         except ServiceError as exc:
             raise _relayed_error(exc) from None
         finally:
             await self._requesters.release(name)
-        return response_type.FromString(reply)
+        return route.response_type.FromString(reply)
 
     async def _serve(self, request: Request) -> bytes:
-        handler = self._handlers.get(request.headers.get(_METHOD, ""))
-        if handler is None:
+        route = self._routes.get(request.headers.get(_METHOD, ""))
+        if route is None:
             raise ServiceError(self.gateway_id, "UNIMPLEMENTED:UNKNOWN_METHOD", "not relayed here")
         data = request.data
         if not isinstance(data, bytes):
             raise ServiceError(self.gateway_id, "INVALID_ARGUMENT:BAD_RELAY", "not a request")
         try:
-            response = await handler(data)
+            response = await route.local(route.request_type.FromString(data))
         except (RequestError, BusError) as exc:
             code, reason, message = classify(exc)
             raise ServiceError(self.gateway_id, f"{code.name}:{reason}", message) from None

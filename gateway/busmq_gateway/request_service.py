@@ -36,7 +36,7 @@ from .convert import (
     value_to_payload,
 )
 from .errors import NotFound, RequestError, rpc_errors, to_status, unary
-from .fleet import FleetKey, IdKind
+from .fleet import REQUEST, FleetKey
 from .relay import Relay
 from .requesters import Requesters
 from .serving import start_serving
@@ -65,7 +65,7 @@ class RequestService(pb_grpc.RequestServiceServicer):
         self._requesters = Requesters(bus)
         self._handed: dict[str, _Handed] = {}  # the requests this gateway's streams hold
         self.streams = StreamCount()
-        relay.route("Reply", self._relayed_reply)
+        relay.route("Reply", self._reply, pb.ReplyRequest, pb.ReplyResponse, REQUEST)
 
     async def close(self) -> None:
         """Release the reply queues of the services kept for requests."""
@@ -148,7 +148,7 @@ class RequestService(pb_grpc.RequestServiceServicer):
                         key, core_request = item
                         # The id routes the Reply to this gateway, which holds the request.
                         request_id = self._fleet.sign(
-                            IdKind.REQUEST, server.owner, self._relay.gateway_id, key
+                            REQUEST, server.owner, self._relay.gateway_id, key
                         )
                         yield pb.ServeResponse(request=_served(request_id, core_request))
             except BusError as exc:
@@ -236,22 +236,17 @@ class RequestService(pb_grpc.RequestServiceServicer):
     async def Reply(
         self, request: pb.ReplyRequest, context: grpc.aio.ServicerContext
     ) -> pb.ReplyResponse:
-        owner, holder, _ = self._fleet.open(IdKind.REQUEST, request.request_id)
+        owner, holder, _ = self._fleet.open(REQUEST, request.request_id)
         check_owner(owner, "request_id")
-        gone = NotFound(IdKind.REQUEST[2], IdKind.REQUEST[1])
-        return await self._relay.at_holder(
-            holder, "Reply", request, self._reply, pb.ReplyResponse, context, gone
-        )
-
-    async def _relayed_reply(self, data: bytes) -> pb.ReplyResponse:
-        return await self._reply(pb.ReplyRequest.FromString(data))
+        replied: pb.ReplyResponse = await self._relay.at_holder(holder, "Reply", request, context)
+        return replied
 
     async def _reply(self, request: pb.ReplyRequest) -> pb.ReplyResponse:
         """A Reply on the gateway whose Serve stream holds the request."""
-        _, _, key = self._fleet.open(IdKind.REQUEST, request.request_id)
+        _, _, key = self._fleet.open(REQUEST, request.request_id)
         handed = self._handed.get(key)
         if handed is None:
-            raise NotFound(IdKind.REQUEST[2], IdKind.REQUEST[1])
+            raise REQUEST.not_found()
         part = self._part(request)
         if handed.complete:
             raise RequestError(
