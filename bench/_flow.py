@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import struct
 import time
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 STAMP = struct.Struct("<q")  # send time (perf_counter_ns) at the head of each payload
 
@@ -23,7 +26,12 @@ class Figures:
     p50_ms: float = float("nan")
     p99_ms: float = float("nan")
     p999_ms: float = float("nan")
+    max_ms: float = float("nan")
     outboxed: int = 0  # pushes that went through an outbox (federation)
+    # CPU per message (µs) of the client process (producer and consumer) and of the
+    # server process (gateway, or the Node.js busmq's federation server), when measured.
+    client_us: float = float("nan")
+    server_us: float = float("nan")
 
     @property
     def pushed_per_s(self) -> float:
@@ -74,6 +82,7 @@ class Lanes:
             p50_ms=percentile(self.latencies, 0.5),
             p99_ms=percentile(self.latencies, 0.99),
             p999_ms=percentile(self.latencies, 0.999),
+            max_ms=percentile(self.latencies, 1.0),
         )
 
     def stop(self) -> None:
@@ -101,6 +110,9 @@ def write_json(path: Path, rows: list[Figures]) -> None:
             "p50 ms": row.p50_ms,
             "p99 ms": row.p99_ms,
             "p99.9 ms": row.p999_ms,
+            "max ms": row.max_ms,
+            "client us/msg": row.client_us,
+            "server us/msg": row.server_us,
         }
         for row in rows
     ]
@@ -118,3 +130,74 @@ def percentile(values: array[int], q: float) -> float:
         return float("nan")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1e6
+
+
+def median_row(rows: list[Figures]) -> Figures:
+    """Each figure's median over rounds of one run (each column on its own)."""
+
+    def median(values: list[float]) -> float:
+        return sorted(values)[len(values) // 2]
+
+    seconds = median([r.seconds for r in rows])
+    return Figures(
+        rows[0].label,
+        seconds,
+        pushed=int(median([r.pushed_per_s for r in rows]) * seconds),
+        consumed=int(median([r.consumed_per_s for r in rows]) * seconds),
+        p50_ms=median([r.p50_ms for r in rows]),
+        p99_ms=median([r.p99_ms for r in rows]),
+        p999_ms=median([r.p999_ms for r in rows]),
+        max_ms=median([r.max_ms for r in rows]),
+        outboxed=int(median([float(r.outboxed) for r in rows])),
+        client_us=median([r.client_us for r in rows]),
+        server_us=median([r.server_us for r in rows]),
+    )
+
+
+def report(rows: list[Figures], width: int = 40) -> None:
+    """One line per run: throughput, and latency with its tail (p99.9 and the max)."""
+    latency = f"{'p50 ms':>9}{'p99 ms':>9}{'p99.9 ms':>10}{'max ms':>9}"
+    cpu = any(not math.isnan(r.client_us) for r in rows)
+    cpu_header = f"{'client us':>11}{'server us':>11}" if cpu else ""
+    print(f"\n{'run':<{width}}{'pushed/s':>12}{'consumed/s':>12}{latency}{cpu_header}")
+    for row in rows:
+        cells = f"{row.client_us:>11.0f}{row.server_us:>11.0f}" if cpu else ""
+        print(
+            f"{row.label:<{width}}{row.pushed_per_s:>12,.0f}{row.consumed_per_s:>12,.0f}"
+            f"{row.p50_ms:>9.2f}{row.p99_ms:>9.2f}{row.p999_ms:>10.2f}{row.max_ms:>9.2f}{cells}"
+        )
+    if cpu:
+        print("(client/server us: CPU per message of the client and the server process)")
+
+
+def report_rounds(runs: list[list[Figures]], width: int = 40) -> None:
+    """Each round's latency figures, so that a single unstable number shows as one."""
+    print(f"\n{'run, each round':<{width}}{'p50 ms':>20}{'p99 ms':>20}{'p99.9 ms':>20}")
+    for rounds in runs:
+        cells = [
+            " ".join(f"{getattr(r, name):.2f}" for r in rounds)
+            for name in ("p50_ms", "p99_ms", "p999_ms")
+        ]
+        print(f"{rounds[0].label:<{width}}" + "".join(f"{c:>20}" for c in cells))
+
+
+class CpuMeter:
+    """CPU seconds of processes over a window, per message."""
+
+    def __init__(self, *pids: int | None) -> None:
+        self.processes = [psutil.Process(pid) if pid else None for pid in pids]
+        self.start = [self._cpu(p) for p in self.processes]
+
+    @staticmethod
+    def _cpu(process: psutil.Process | None) -> float:
+        if process is None:
+            return math.nan
+        times = process.cpu_times()
+        return float(times.user + times.system)
+
+    def per_message(self, messages: int) -> list[float]:
+        """µs of CPU per message of each process since this meter was made."""
+        return [
+            (self._cpu(p) - start) * 1e6 / messages if messages else math.nan
+            for p, start in zip(self.processes, self.start, strict=True)
+        ]

@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _flow import Figures  # bench/ is sys.path[0]
+from _flow import Figures, report  # bench/ is sys.path[0]
 from _redis import local_redis
 from busmq import Bus, BusSettings
 from busmq.federation import FederationSettings, FederationTarget
@@ -30,7 +30,6 @@ from federation_bench import (
     AnyQueue,
     fixed_rate,
     flood,
-    report,
     start_gateway,
     workload_arguments,
 )
@@ -102,7 +101,8 @@ async def main(args: argparse.Namespace) -> None:
                 return bus_b.federate(name, url)
 
             floods = [await flood(remote, "python (federated) flood", args)]
-            rates = [await fixed_rate(remote, f"python {args.rate:,.0f} msg/s", args, args.rate)]
+            label = f"python {args.rate:,.0f} msg/s"
+            rates = [await fixed_rate(remote, label, args, args.rate, "python")]
             for name, argv in clients.items():
                 floods.append(await run_client(name, argv, url, "flood", args))
                 rates.append(await run_client(name, argv, url, "rate", args))

@@ -21,8 +21,13 @@ Each payload starts with ``time.perf_counter_ns()`` at send; latency is taken wh
 consumer gets it. Starts its own redis-servers (free loopback ports, no persistence)
 and gateway, and stops them at the end.
 
-    .venv/bin/python bench/federation_bench.py                # 20 s per run
-    .venv/bin/python bench/federation_bench.py --seconds 5
+The fixed-rate runs go ``--rounds`` (3) interleaved rounds and print each round's
+p50/p99/p99.9 and their medians with the max. ``--impl busmq,node`` also runs the Node.js
+busmq's WebSocket federation (``bench/node/federation.js``: npm ``busmq`` 3.1.0) on the same
+workload and the same two Redis servers, and prints the ratios.
+
+    .venv/bin/python bench/federation_bench.py                # 10 s per run
+    .venv/bin/python bench/federation_bench.py --impl busmq,node --seconds 5
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import sys
@@ -39,14 +45,24 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from _flow import Figures, Lanes, payloads, percentile, settle, write_json  # bench/ is sys.path[0]
+from _flow import (  # bench/ is sys.path[0]
+    CpuMeter,
+    Figures,
+    Lanes,
+    median_row,
+    payloads,
+    percentile,
+    report,
+    report_rounds,
+    settle,
+    write_json,
+)
 from _redis import free_port, local_redis
 from busmq import Bus, BusSettings, Mode, Queue
 from busmq.federation import FederatedQueue, FederationSettings, FederationTarget
 
 SECRET = "bench-secret-0123456789"
-TARGET_FLOOD = 25_000.0
-TARGET_P99_MS = 3.0
+NODE_DIR = Path(__file__).resolve().parent / "node"
 
 
 AnyQueue = Queue | FederatedQueue
@@ -98,10 +114,14 @@ async def flood(make: Callable[[str], AnyQueue], label: str, args: argparse.Name
 
 
 async def fixed_rate(
-    make: Callable[[str], AnyQueue], label: str, args: argparse.Namespace, rate: float
+    make: Callable[[str], AnyQueue],
+    label: str,
+    args: argparse.Namespace,
+    rate: float,
+    tag: str,
+    server_pid: int | None = None,
 ) -> Figures:
-    tag = label.split()[0]
-    queues = await attach_all(make, [f"{tag}-rate-{i}" for i in range(10)])
+    queues = await attach_all(make, [f"{tag}-rate-{int(rate)}-{i}" for i in range(10)])
     lanes = Lanes(len(queues), 10**9)
     consumers = [
         asyncio.create_task(consume(q, args.prefetch, lambda p, i=i: lanes.take(i, p)))
@@ -119,6 +139,7 @@ async def fixed_rate(
             outboxed += 1
 
     lanes.recording = True
+    meter = CpuMeter(os.getpid(), server_pid)
     started = time.perf_counter()
     while (now := time.perf_counter()) - started < args.seconds:
         due = started + sent * interval
@@ -131,6 +152,7 @@ async def fixed_rate(
     await asyncio.gather(*inflight, return_exceptions=True)
     elapsed = time.perf_counter() - started
     await settle(inflight, lanes, sent)
+    client_us, server_us = meter.per_message(sent)
     figures = Figures(
         label,
         elapsed,
@@ -139,7 +161,10 @@ async def fixed_rate(
         p50_ms=percentile(lanes.latencies, 0.5),
         p99_ms=percentile(lanes.latencies, 0.99),
         p999_ms=percentile(lanes.latencies, 0.999),
+        max_ms=percentile(lanes.latencies, 1.0),
         outboxed=outboxed,
+        client_us=client_us,
+        server_us=server_us,
     )
     await drained(queues)
     await cancel(consumers)
@@ -252,14 +277,127 @@ async def start_gateway(redis_url: str) -> tuple[asyncio.subprocess.Process, int
     return process, port
 
 
-def report(rows: list[Figures]) -> None:
-    header = f"{'run':<40}{'pushed/s':>12}{'consumed/s':>12}{'p50 ms':>9}{'p99 ms':>9}"
-    print(f"\n{header}{'via outbox':>12}")
-    for row in rows:
-        print(
-            f"{row.label:<40}{row.pushed_per_s:>12,.0f}{row.consumed_per_s:>12,.0f}"
-            f"{row.p50_ms:>9.2f}{row.p99_ms:>9.2f}{row.outboxed:>12,}"
+class NodeFederation:
+    """The Node.js busmq's WebSocket federation on the same workload: a server bus on
+    Redis A (``bench/node/federation.js --role server``) and, per run, a client bus on
+    Redis B that federates its queues (``--role client``)."""
+
+    def __init__(self, redis_a: str, redis_b: str) -> None:
+        self.redis_a, self.redis_b = redis_a, redis_b
+        self.port = free_port()
+        self.server: asyncio.subprocess.Process | None = None
+        self.runs = 0
+
+    @staticmethod
+    def available() -> bool:
+        return (NODE_DIR / "node_modules" / "busmq").is_dir()
+
+    async def start(self) -> None:
+        self.server = await asyncio.create_subprocess_exec(
+            "node", str(NODE_DIR / "federation.js"), "--role", "server",
+            "--redis", self.redis_a, "--port", str(self.port),
+            stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        assert self.server.stdout is not None
+        if b"ready" not in await self.server.stdout.readline():
+            raise RuntimeError("the Node.js busmq federation server did not start")
+
+    async def stop(self) -> None:
+        if self.server is not None and self.server.returncode is None:
+            self.server.send_signal(signal.SIGTERM)
+            await self.server.wait()
+
+    async def run(self, label: str, args: argparse.Namespace, rate: float | None) -> Figures:
+        self.runs += 1
+        scenario = ["--scenario", "flood"] if rate is None else ["--rate", f"{rate:g}"]
+        client = await asyncio.create_subprocess_exec(
+            "node", str(NODE_DIR / "federation.js"), "--role", "client",
+            "--redis", self.redis_b, "--url", f"http://127.0.0.1:{self.port}",
+            *scenario, "--tag", f"{os.getpid()}-{self.runs}", "--seconds", f"{args.seconds:g}",
+            "--warmup", f"{args.warmup:g}", "--queues", "10" if rate else str(args.queues),
+            "--size", str(args.size), "--batch", str(args.batch), "--window", str(args.window),
+            "--pool", str(args.pool),
+            stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        assert client.stdout is not None
+        meter, got = None, None
+        async for line in client.stdout:  # "measuring" opens the window, its figures end it
+            if line.startswith(b"measuring"):
+                meter = CpuMeter(self.server.pid if self.server else None)
+            elif line.startswith(b"{") and meter is not None:
+                got = json.loads(line)
+                (server_us,) = meter.per_message(got["pushed"])
+        if await client.wait() != 0 or got is None:
+            raise RuntimeError("the Node.js busmq federation client failed")
+        return Figures(
+            label,
+            got["seconds"],
+            pushed=got["pushed"],
+            consumed=got["consumed"],
+            p50_ms=got["p50_ms"],
+            p99_ms=got["p99_ms"],
+            p999_ms=got["p999_ms"],
+            max_ms=got["max_ms"],
+            client_us=got["client_cpu"] * 1e6 * got["seconds"] / max(1, got["pushed"]),
+            server_us=server_us,
         )
+
+
+def ratio_lines(rows: dict[str, Figures], args: argparse.Namespace) -> list[str]:
+    """busmq for Python against the Node.js busmq, each figure as a ratio (same run)."""
+    lines = []
+    fed, node = rows.get("federated flood (at-most-once)"), rows.get("node busmq federated flood")
+    if fed and node and node.consumed_per_s:
+        lines.append(f"flood: {fed.consumed_per_s / node.consumed_per_s:.1f}x the Node.js busmq's")
+    for rate in (args.rate, args.low_rate):
+        fed = rows.get(f"federated {rate:,.0f} msg/s")
+        node = rows.get(f"node busmq {rate:,.0f} msg/s")
+        if fed and node:
+            cells = [
+                f"{name} {getattr(fed, attr) / getattr(node, attr):.2f}x"
+                for name, attr in (("p50", "p50_ms"), ("p99", "p99_ms"), ("p99.9", "p999_ms"))
+            ]
+            cells += [
+                f"{name} CPU/msg {getattr(fed, attr) / getattr(node, attr):.2f}x"
+                for name, attr in (("client", "client_us"), ("server", "server_us"))
+            ]
+            lines.append(f"{rate:,.0f} msg/s, busmq / Node.js busmq: {', '.join(cells)}")
+    return lines
+
+
+async def measure(
+    args: argparse.Namespace,
+    remote: Callable[[str], AnyQueue],
+    direct: Callable[[str], AnyQueue],
+    node: NodeFederation | None,
+    gateway_pid: int,
+) -> tuple[list[Figures], list[list[Figures]]]:
+    """The floods, then each fixed rate in interleaved rounds: the rows (medians of the
+    rounds) and every round's figures."""
+    rows: list[Figures] = []
+    runs: list[list[Figures]] = []
+    if "busmq" in args.impl:
+        rows.append(await flood(remote, "federated flood (at-most-once)", args))
+        rows.append(await flood(direct, "direct flood on core (at-most-once)", args))
+    if node is not None:
+        rows.append(await node.run("node busmq federated flood", args, None))
+    for rate in (args.rate, args.low_rate):
+        sides = []
+        if "busmq" in args.impl:
+            sides = [(f"federated {rate:,.0f} msg/s", remote, gateway_pid),
+                     (f"direct {rate:,.0f} msg/s on core", direct, None)]  # fmt: skip
+        rounds: dict[str, list[Figures]] = {}
+        for round_ in range(args.rounds):  # interleaved: this VM's cores are shared
+            for label, make, server in sides:
+                tag = f"{label.split()[0]}{round_}"
+                figures = await fixed_rate(make, label, args, rate, tag, server)
+                rounds.setdefault(label, []).append(figures)
+            if node is not None:
+                label = f"node busmq {rate:,.0f} msg/s"
+                rounds.setdefault(label, []).append(await node.run(label, args, rate))
+        runs += rounds.values()
+        rows += [median_row(r) for r in rounds.values()]
+    return rows, runs
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -267,9 +405,12 @@ async def main(args: argparse.Namespace) -> None:
         gateway, port = await start_gateway(redis_a.url)
         bus_a = Bus(BusSettings(redis_urls=(redis_a.url,)))
         bus_b = Bus(BusSettings(redis_urls=(redis_b.url,)))
+        node = NodeFederation(redis_a.url, redis_b.url) if "node" in args.impl else None
         try:
             await bus_a.connect()
             await bus_b.connect()
+            if node is not None:
+                await node.start()
             url = f"http://127.0.0.1:{port}"
             target = FederationTarget(url, secret=SECRET, pool_size=args.pool)
             bus_b.configure_federation(
@@ -279,35 +420,38 @@ async def main(args: argparse.Namespace) -> None:
             def remote(name: str) -> AnyQueue:
                 return bus_b.federate(name, url)
 
-            rows = [
-                await flood(remote, "federated flood (at-most-once)", args),
-                await flood(bus_a.queue, "direct flood on core (at-most-once)", args),
-                await fixed_rate(remote, f"federated {args.rate:,.0f} msg/s", args, args.rate),
-                await fixed_rate(
-                    bus_a.queue, f"direct {args.rate:,.0f} msg/s on core", args, args.rate
-                ),
-                await fixed_rate(
-                    remote, f"federated {args.low_rate:,.0f} msg/s", args, args.low_rate
-                ),
-                await fixed_rate(
-                    bus_a.queue, f"direct {args.low_rate:,.0f} msg/s on core", args, args.low_rate
-                ),
-            ]
-            append_rate, drain_rate = await outbox_run(bus_b, port, args)
+            rows, runs = await measure(args, remote, bus_a.queue, node, gateway.pid)
+            append_rate = drain_rate = None
+            if "busmq" in args.impl and args.outbox_messages:
+                append_rate, drain_rate = await outbox_run(bus_b, port, args)
         finally:
             await bus_b.close()
             await bus_a.close()
+            if node is not None:
+                await node.stop()
             gateway.send_signal(signal.SIGTERM)
             await gateway.wait()
+    if args.rounds > 1:
+        report_rounds(runs)
+        print(f"\nfixed rates: medians of {args.rounds} interleaved rounds (each figure alone)")
     report(rows)
+    for row in rows:
+        if row.outboxed:
+            print(f"{row.label}: {row.outboxed:,} pushes went through the outbox")
     if args.json:
         write_json(args.json, rows)
-    fed, core = rows[0], rows[1]
-    ratio = fed.consumed_per_s / core.consumed_per_s if core.consumed_per_s else float("nan")
-    print(f"\nfederated / direct core (consumed/s): {ratio:.2f}")
-    print(f"outbox: {append_rate:,.0f} msg/s appended while cut, {drain_rate:,.0f} msg/s drained")
-    print(f"target: >= {TARGET_FLOOD:,.0f} msg/s per link -> {fed.consumed_per_s:,.0f}")
-    print(f"target: p99 <= {TARGET_P99_MS} ms at {args.rate:,.0f} msg/s -> {rows[2].p99_ms:.2f} ms")
+    by_label = {row.label: row for row in rows}
+    print()
+    for line in ratio_lines(by_label, args):
+        print(line)
+    fed = by_label.get("federated flood (at-most-once)")
+    core = by_label.get("direct flood on core (at-most-once)")
+    if fed and core and core.consumed_per_s:
+        ratio = fed.consumed_per_s / core.consumed_per_s
+        print(f"federated / direct core (consumed/s): {ratio:.2f}")
+    if append_rate and drain_rate:
+        print(f"outbox: {append_rate:,.0f} msg/s appended while cut,", end=" ")
+        print(f"{drain_rate:,.0f} msg/s drained")
     print(f"cpus: {os.cpu_count()}, load average at the end: {os.getloadavg()[0]:.2f}")
 
 
@@ -325,12 +469,25 @@ def workload_arguments(parser: argparse.ArgumentParser, *, seconds: float) -> No
 
 def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    workload_arguments(parser, seconds=20.0)
+    workload_arguments(parser, seconds=10.0)
     parser.add_argument("--pool", type=int, default=2)
     parser.add_argument("--low-rate", type=float, default=500.0)
     parser.add_argument("--outbox-messages", type=int, default=20_000)
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of each fixed-rate run")
+    parser.add_argument(
+        "--impl",
+        default="busmq",
+        help="comma list of busmq (this project's federation, and the core direct) and node"
+        " (the Node.js busmq's WebSocket federation: cd bench/node && npm ci)",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here (bench/ab.py)")
-    return parser.parse_args()
+    args = parser.parse_args()
+    args.impl = {impl.strip() for impl in args.impl.split(",") if impl.strip()}
+    if not args.impl or not args.impl <= {"busmq", "node"}:
+        parser.error("--impl: a comma list of busmq, node")
+    if "node" in args.impl and not NodeFederation.available():
+        parser.error("--impl node: the Node.js busmq is not installed (cd bench/node && npm ci)")
+    return args
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import signal
 import sys
 import tempfile
 import time
+from array import array
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,17 @@ from typing import Any
 import grpc
 import psutil
 
-from _flow import Figures, Lanes, payloads, percentile, settle, write_json  # bench/ is sys.path[0]
+from _flow import (  # bench/ is sys.path[0]
+    Figures,
+    Lanes,
+    median_row,
+    payloads,
+    percentile,
+    report,
+    report_rounds,
+    settle,
+    write_json,
+)
 from _redis import free_port, local_redis
 from busmq import Bus, BusSettings, Mode, Queue
 from busmq.v1 import queue_service_pb2 as pb
@@ -199,6 +210,8 @@ async def flood(transport: Transport, label: str, args: argparse.Namespace, tag:
 async def fixed_rate(
     transport: Transport, label: str, args: argparse.Namespace, tag: str
 ) -> Figures:
+    """``--rate-rounds`` rounds of ``--seconds`` at ``--rate`` msg/s over the same streams;
+    each round is kept in ``args.rate_runs`` (printed), the medians returned."""
     names = [f"{tag}-{i}" for i in range(min(args.queues, 10))]
     await transport.prepare(names)
     lanes = Lanes(len(names), 10**9)
@@ -207,8 +220,21 @@ async def fixed_rate(
         for i, n in enumerate(names)
     ]
     await asyncio.sleep(0.5)
+    rounds = []
+    for _ in range(args.rate_rounds):
+        lanes.latencies = array("q")
+        rounds.append(await one_rate_round(transport, names, lanes, label, args))
+    await _cancel(consumers)
+    args.rate_runs.append(rounds)
+    return median_row(rounds)
+
+
+async def one_rate_round(
+    transport: Transport, names: list[str], lanes: Lanes, label: str, args: argparse.Namespace
+) -> Figures:
     interval = 1.0 / args.rate
     sent = 0
+    before = sum(lanes.consumed)
     lanes.recording = True
     started = time.perf_counter()
     inflight: set[asyncio.Task[None]] = set()
@@ -221,18 +247,18 @@ async def fixed_rate(
         task.add_done_callback(inflight.discard)
         sent += 1
     elapsed = time.perf_counter() - started
-    await settle(inflight, lanes, sent)
-    figures = Figures(
+    await settle(inflight, lanes, before + sent)
+    lanes.recording = False
+    return Figures(
         label,
         elapsed,
         pushed=sent,
-        consumed=sum(lanes.consumed),
+        consumed=sum(lanes.consumed) - before,
         p50_ms=percentile(lanes.latencies, 0.5),
         p99_ms=percentile(lanes.latencies, 0.99),
         p999_ms=percentile(lanes.latencies, 0.999),
+        max_ms=percentile(lanes.latencies, 1.0),
     )
-    await _cancel(consumers)
-    return figures
 
 
 async def idle_streams_rss(target: str, pid: int, count: int) -> tuple[float, float]:
@@ -281,31 +307,6 @@ async def start_gateway(
         if process.returncode is not None:
             raise RuntimeError("gateway did not start")
     return process, f"127.0.0.1:{port}"
-
-
-def median_row(rows: list[Figures]) -> Figures:
-    def median(values: list[float]) -> float:
-        return sorted(values)[len(values) // 2]
-
-    seconds = median([r.seconds for r in rows])
-    return Figures(
-        rows[0].label,
-        seconds,
-        pushed=int(median([r.pushed_per_s for r in rows]) * seconds),
-        consumed=int(median([r.consumed_per_s for r in rows]) * seconds),
-        p50_ms=median([r.p50_ms for r in rows]),
-        p99_ms=median([r.p99_ms for r in rows]),
-        p999_ms=median([r.p999_ms for r in rows]),
-    )
-
-
-def report(rows: list[Figures]) -> None:
-    print(f"\n{'run':<38}{'pushed/s':>12}{'consumed/s':>12}{'p50 ms':>9}{'p99 ms':>9}")
-    for row in rows:
-        print(
-            f"{row.label:<38}{row.pushed_per_s:>12,.0f}{row.consumed_per_s:>12,.0f}"
-            f"{row.p50_ms:>9.2f}{row.p99_ms:>9.2f}"
-        )
 
 
 async def with_workers(args: argparse.Namespace, redis_url: str, workers: int) -> list[Figures]:
@@ -393,6 +394,7 @@ async def main(args: argparse.Namespace) -> None:
         os.sched_setaffinity(0, set(cpus[:-1]))
         print(f"pinned: gateway on cpu {cpus[-1]}, client and Redis on {cpus[:-1]}")
     rounds: list[list[Figures]] = []
+    args.rate_runs = []
     with local_redis() as redis:
         for _ in range(args.rounds):  # interleaved: this VM's cores are shared
             rows = await direct(args, redis.url)
@@ -402,8 +404,10 @@ async def main(args: argparse.Namespace) -> None:
                 rows += await with_fleet(args, redis.url, args.fleet)
             rounds.append(rows)
     rows = [median_row([r[i] for r in rounds]) for i in range(len(rounds[0]))]
-    if args.rounds > 1:
-        print(f"\nmedians of {args.rounds} interleaved rounds (each column on its own)")
+    if args.rate_rounds > 1:
+        report_rounds(args.rate_runs)
+    if args.rounds > 1 or args.rate_rounds > 1:
+        print(f"\nmedians of {args.rounds} interleaved rounds, {args.rate_rounds} per fixed rate")
     report(rows)
     if args.json:
         write_json(args.json, rows)
@@ -415,7 +419,9 @@ async def main(args: argparse.Namespace) -> None:
             ratio = row.consumed_per_s / core_flood.consumed_per_s if core_flood.consumed else 0
             print(f"{row.label}: {ratio:.2f}x direct")
         else:
-            print(f"{row.label}: p50 {row.p50_ms:.2f} ms, p99 {row.p99_ms:.2f} ms")
+            ratio = row.p99_ms / core_rate.p99_ms if core_rate.p99_ms else float("nan")
+            print(f"{row.label}: p50 {row.p50_ms:.2f} ms, p99 {row.p99_ms:.2f} ms"
+                  f" ({ratio:.1f}x direct), p99.9 {row.p999_ms:.2f} ms")  # fmt: skip
     gateway_loop = args.gateway_loop or args.loop
     print(f"event loops: this process {args.loop}, gateway {gateway_loop}")
     print(f"cpus: {os.cpu_count()}, load average at the end: {os.getloadavg()[0]:.2f}")
@@ -444,6 +450,7 @@ def parse() -> argparse.Namespace:
         help="also through Debian's nginx over this many gateways (0: not)",
     )
     parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds (medians)")
+    parser.add_argument("--rate-rounds", type=int, default=3, help="rounds of each fixed rate")
     parser.add_argument("--json", type=Path, help="also write the figures here (bench/ab.py)")
     parser.add_argument(
         "--loop",

@@ -80,9 +80,9 @@ class Owner(Generic[Q]):
             raise RuntimeError("the queue object is gone")
         return queue
 
-    @property
-    def alive(self) -> bool:
-        return self._ref() is not None
+    def get(self) -> Q | None:
+        """The queue object, or None once its owner dropped it."""
+        return self._ref()
 
 
 class Closable(Protocol):

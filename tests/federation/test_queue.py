@@ -204,3 +204,20 @@ async def test_attach_with_max_backlog_zero_removes_a_limit_remotely_as_it_does_
     ]
     assert remote == [o if o == "stored" else ("full", "capped-there", 1) for o in local]
     assert await dc_a.bus.queue("capped-there").count() == 4
+
+
+async def test_a_closed_federated_queue_stops_renewing_its_lease(
+    dc_a: DatacenterA, dc_b: Bus
+) -> None:
+    remote = dc_b.federate(dc_b.queue("renewed"), dc_a.url)
+    assert await remote.link.wait_usable(10)
+    await remote.attach(ttl=60)
+
+    def renewing() -> bool:
+        name = "busmq-federated-renewal renewed"
+        return any(t.get_name() == name and not t.done() for t in asyncio.all_tasks())
+
+    assert renewing()
+    await remote.close()
+    # It ends with the queue, not at its next renewal (a third of the lease later).
+    await eventually(lambda: not renewing(), timeout=1, what="the renewal ended")

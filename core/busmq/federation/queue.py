@@ -224,6 +224,7 @@ class RemoteQueueBackend:
                 raise
 
     def forget(self) -> None:
+        """The queue is gone (closed, or expired): no attachment is left to renew."""
         self._attachment = None
         self._manager.note_attached(self._queue(), self.name, False)
 
@@ -249,18 +250,23 @@ class RemoteQueueBackend:
         return True
 
     async def _renew_loop(self) -> None:
-        while self._attachment is not None and self._queue.alive:
+        while self._attachment is not None:
             self.renew_now.clear()
             try:
                 async with asyncio.timeout(self._lease / 3):
                     await self.renew_now.wait()
             except TimeoutError:
                 pass
+            # The queue may have been closed, or dropped by its owner, during the wait.
+            queue = self._queue.get()
+            if queue is None or self._attachment is None:
+                return
             try:
-                await self._queue().renew()
+                await queue.renew()
             except BusError as exc:
                 log.info("renewal of federated %s failed: %s", self.name, exc)
-                self._queue().events.emit(Event("error", self.name, error=exc))
+                queue.events.emit(Event("error", self.name, error=exc))
+            del queue  # not held across the wait: its owner may drop it
 
     async def stop_renewer(self) -> None:
         renewer, self._renewer = self._renewer, None
