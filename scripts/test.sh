@@ -2,31 +2,48 @@
 # Set up (scripts/setup.sh), then run every check and the whole test suite:
 # ruff, mypy --strict, buf lint/format/breaking (against the released API), generated-code freshness, hadolint,
 # pytest, and the TypeScript and Go clients' suites. Extra arguments go to pytest (and skip the
-# client suite), e.g. scripts/test.sh -k queue -x
+# client suite), e.g. scripts/test.sh -k queue -x. Prints the 25 slowest tests and the time
+# of each tier at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh --dev
+source scripts/tiers.sh
 BIN="${VENV:-.venv}/bin"
-echo "==> ruff"
-$BIN/ruff check .
-$BIN/ruff format --check .
-echo "==> mypy --strict"
-$BIN/mypy
-echo "==> buf lint, format, breaking (against the released API, proto/released-api.json)"
-$BIN/buf lint
-$BIN/buf format --exit-code >/dev/null || { echo "proto files need 'buf format -w'" >&2; exit 1; }
-# The image of the last released API, committed: a break must be made on purpose, by
-# writing it anew (buf build --exclude-source-info -o proto/released-api.json) with a note.
-$BIN/buf breaking --against proto/released-api.json
-echo "==> generated code"
-bash scripts/gen_proto.sh --check
-echo "==> hadolint"
-$BIN/hadolint Dockerfile
-if [ $# -eq 0 ]; then
+
+checks() {
+  echo "==> ruff"
+  $BIN/ruff check .
+  $BIN/ruff format --check .
+  echo "==> mypy --strict"
+  $BIN/mypy
+  echo "==> buf lint, format, breaking (against the released API, proto/released-api.json)"
+  $BIN/buf lint
+  $BIN/buf format --exit-code >/dev/null || { echo "proto files need 'buf format -w'" >&2; exit 1; }
+  # The image of the last released API, committed: a break must be made on purpose, by
+  # writing it anew (buf build --exclude-source-info -o proto/released-api.json) with a note.
+  $BIN/buf breaking --against proto/released-api.json
+  echo "==> generated code"
+  bash scripts/gen_proto.sh --check
+  echo "==> hadolint"
+  $BIN/hadolint Dockerfile
+}
+
+typescript() {
   echo "==> TypeScript client (tsc, node --test against a live gateway)"
   (cd clients/typescript && npm test --silent)
+}
+
+go_client() {
   echo "==> Go client (gofmt, go vet, go test against a live gateway)"
   bash clients/go/test.sh
+}
+
+tier "setup" bash scripts/setup.sh --dev
+tier "checks" checks
+if [ $# -eq 0 ]; then
+  tier "TypeScript client" typescript
+  tier "Go client" go_client
 fi
 echo "==> pytest"
-$BIN/pytest "$@"
+tier "pytest ($($BIN/python -c 'import sys; print("%d.%d" % sys.version_info[:2])'))" \
+  $BIN/pytest --durations=25 "$@"
+tier_times

@@ -40,10 +40,10 @@ class Output:
 
     def note(self, text: str) -> None:
         """Progress and summaries for people: stderr, so pipes get only results."""
-        self.errors.print(text, markup=False)
+        self.errors.print(text, markup=False, soft_wrap=True)
 
     def error(self, text: str) -> None:
-        self.errors.print(f"busmq: {text}", markup=False, style="red")
+        self.errors.print(f"busmq: {text}", markup=False, style="red", soft_wrap=True)
 
     def table(
         self, title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]
