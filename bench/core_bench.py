@@ -39,10 +39,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import copy
+import dataclasses
 import itertools
 import json
 import math
 import os
+import statistics
 import struct
 import sys
 import time
@@ -695,6 +698,7 @@ async def run_node(config: Config, server: LocalRedis, scenario: str) -> Result:
     result.pushed_per_s = result.consumed_per_s = figures["consumed"] / figures["seconds"]
     result.p50_ms, result.p99_ms = figures["p50_ms"], figures["p99_ms"]
     result.p999_ms = figures["p999_ms"]
+    result.max_ms = figures.get("max_ms", math.nan)
     result.client_cpu, result.client_sys_share = figures["client_cpu"], figures["client_sys_share"]
     result.samples = result.consumed
     result.drained = True
@@ -812,6 +816,7 @@ ROWS: list[tuple[str, Callable[[Result], float], int, bool]] = [
     ("p50 ms", lambda r: r.p50_ms, 3, True),
     ("p99 ms", lambda r: r.p99_ms, 3, True),
     ("p99.9 ms", lambda r: r.p999_ms, 3, True),
+    ("max ms", lambda r: r.max_ms, 3, True),
     ("client CPU (cores)", lambda r: r.client_cpu, 2, False),
     ("redis CPU (cores)", lambda r: r.redis_cpu, 2, False),
     ("other CPU (cores)", lambda r: r.other_cpu, 2, False),
@@ -895,6 +900,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--size", type=int, default=32, help="message bytes (>= 16)")
     p.add_argument("--rate", type=float, default=5000.0, help="total msg/s of the rate run")
     p.add_argument("--modes", default="amo,alo,rate", help="comma list of amo, alo, rate")
+    p.add_argument(
+        "--rate-rounds", type=int, default=3, help="interleaved rounds of the fixed rate (medians)"
+    )
     p.add_argument("--impl", default="busmq,baseline", help="comma list of busmq, baseline")
     p.add_argument("--batch", type=int, default=100, help="flood push batch size")
     p.add_argument("--prefetch", type=int, default=100, help="consumer read batch size")
@@ -959,6 +967,44 @@ def _setting(item: str) -> tuple[str, float]:
     return name.strip(), float(value)
 
 
+async def run_one(
+    args: argparse.Namespace, config: Config, server: LocalRedis, impl: str, scenario: str
+) -> Result:
+    if args.quiet_wait:
+        other = await wait_quiet(0.15, args.quiet_wait)
+        print(f"  other load {other:.2f} cores", file=sys.stderr)
+    print(f"running {impl} {scenario} ...", file=sys.stderr, flush=True)
+    runner = {"busmq": run_busmq, "baseline": run_baseline, "node": run_node}[impl]
+    result = await runner(config, server, scenario)
+    print(
+        f"  {result.consumed_per_s:,.0f} consumed/s, p50 {result.p50_ms:.3f}, p99"
+        f" {result.p99_ms:.3f}, p99.9 {result.p999_ms:.3f}, max {result.max_ms:.3f} ms",
+        file=sys.stderr,
+        flush=True,
+    )
+    return result
+
+
+def median_result(runs: list[Result]) -> Result:
+    """One run's result, or each figure's median over rounds (with each round's p99
+    and p99.9 in the notes, so a single unstable number shows as one)."""
+    if len(runs) == 1:
+        return runs[0]
+    merged = copy.deepcopy(runs[0])
+    for item in dataclasses.fields(Result):
+        values = [getattr(r, item.name) for r in runs]
+        if all(type(v) in (int, float) for v in values):
+            setattr(merged, item.name, type(values[0])(statistics.median(values)))
+        elif all(type(v) is bool for v in values):
+            setattr(merged, item.name, all(values))
+    each = ", ".join(
+        f"{name} " + " ".join(f"{getattr(r, attr):.3f}" for r in runs)
+        for name, attr in (("p99", "p99_ms"), ("p99.9", "p999_ms"), ("max", "max_ms"))
+    )
+    merged.notes.append(f"medians of {len(runs)} interleaved rounds; each round: {each}")
+    return merged
+
+
 async def main_async(args: argparse.Namespace) -> list[Result]:
     config = Config(
         seconds=args.seconds,
@@ -982,21 +1028,15 @@ async def main_async(args: argparse.Namespace) -> list[Result]:
     with local_redis() as server:
         print(f"redis-server pid {server.pid} on port {server.port}", file=sys.stderr)
         for scenario in args.modes:
-            for impl in args.impl:
-                if args.quiet_wait:
-                    other = await wait_quiet(0.15, args.quiet_wait)
-                    print(f"  other load {other:.2f} cores", file=sys.stderr)
-                print(f"running {impl} {scenario} ...", file=sys.stderr, flush=True)
-                runner = {"busmq": run_busmq, "baseline": run_baseline, "node": run_node}[impl]
-                result = await runner(config, server, scenario)
-                results.append(result)
-                if args.json:  # after every run, so a crash or hang loses nothing
-                    _save(args.json, config, results)
-                print(
-                    f"  {result.consumed_per_s:,.0f} consumed/s, p99 {result.p99_ms:.3f} ms",
-                    file=sys.stderr,
-                    flush=True,
-                )
+            rounds: dict[str, list[Result]] = {}
+            # A fixed rate's tail varies from run to run: interleaved rounds, medians.
+            for _ in range(args.rate_rounds if scenario == "rate" else 1):
+                for impl in args.impl:
+                    result = await run_one(args, config, server, impl, scenario)
+                    rounds.setdefault(impl, []).append(result)
+            results += [median_result(runs) for runs in rounds.values()]
+            if args.json:  # after every scenario, so a crash or hang loses little
+                _save(args.json, config, results)
     print(report(config, results))
     return results
 

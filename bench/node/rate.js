@@ -98,6 +98,7 @@ function main() {
           p50_ms: percentile(sorted, 0.5),
           p99_ms: percentile(sorted, 0.99),
           p999_ms: percentile(sorted, 0.999),
+          max_ms: percentile(sorted, 1),
           client_cpu: (cpu.user + cpu.system) / 1e6 / seconds,
           client_sys_share: cpu.system / Math.max(1, cpu.user + cpu.system),
         }));
