@@ -52,6 +52,11 @@ CORE_FIGURES = {
 FIXED_RATE_SKIP = {"consumed/s"}  # a fixed-rate run consumes what it is given
 
 
+def _missing(value: Any) -> bool:
+    """A figure a run did not measure (JSON null, or NaN)."""
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
 def _per_msg(cores: float, result: dict[str, Any]) -> float:
     rate = result["consumed_per_s"]
     return cores * 1e6 / rate if rate else math.nan
@@ -71,7 +76,7 @@ def rows_of(bench: str, payload: dict[str, Any]) -> Rows:
         return rows
     out: Rows = {}
     for row in payload["rows"]:
-        figures = {k: v for k, v in row.items() if k != "label"}
+        figures = {k: v for k, v in row.items() if k != "label" and not _missing(v)}
         if "flood" not in row["label"]:
             figures.pop("consumed/s", None)
         else:  # a flood's latency is its window's, not the path's
