@@ -14,6 +14,7 @@
 
 const http = require("http");
 const Bus = require("busmq");
+const { stamp, latencyOf, pace, measure } = require("./window");
 
 const SECRET = "bench-secret-0123456789";
 
@@ -29,11 +30,6 @@ function options(argv) {
   }
   if (!opts.redis) throw new Error("--redis URL is required");
   return opts;
-}
-
-function percentile(sorted, q) {
-  if (!sorted.length) return NaN;
-  return Number(sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))]) / 1e6;
 }
 
 function server(opts) {
@@ -66,80 +62,49 @@ function client(opts) {
     federate: { urls: [opts.url], poolSize: opts.pool, secret: SECRET },
   });
   const pad = "x".repeat(Math.max(0, opts.size - 20));
-  const stamp = () => process.hrtime.bigint().toString().padStart(20, "0") + pad;
   const latencies = [];
   const consumed = new Array(opts.queues).fill(0);
   const sent = new Array(opts.queues).fill(0);
-  let recording = false;
+  const state = { recording: false };
   let running = true;
 
   bus.on("error", (err) => { console.error(`client bus error: ${err}`); });
   bus.on("online", async () => {
     const producers = [];
+    const refill = (i) => {
+      while (running && sent[i] - consumed[i] + opts.batch <= opts.window) {
+        for (let k = 0; k < opts.batch; k++) producers[i].push(stamp(pad));
+        sent[i] += opts.batch;
+      }
+    };
     for (let i = 0; i < opts.queues; i++) {
       const name = `node-${opts.tag || process.pid}-${opts.scenario}-${i}`;
       const consumer = await federated(bus, name, opts.url);
       consumer.on("message", (message) => {
-        if (recording) latencies.push(process.hrtime.bigint() - BigInt(message.slice(0, 20)));
+        if (state.recording) latencies.push(latencyOf(message));
         consumed[i]++;
         if (opts.scenario === "flood") refill(i);
       });
       consumer.consume();
       producers.push(await federated(bus, name, opts.url));
     }
-    const refill = (i) => {
-      while (running && sent[i] - consumed[i] + opts.batch <= opts.window) {
-        for (let k = 0; k < opts.batch; k++) producers[i].push(stamp());
-        sent[i] += opts.batch;
-      }
-    };
-    const timers = [];
+    let stop = () => {};
     if (opts.scenario === "flood") {
       producers.forEach((_, i) => refill(i));
     } else {
-      const interval = (opts.queues / opts.rate) * 1000; // ms between pushes on one queue
-      const origin = performance.now();
-      producers.forEach((producer, i) => {
-        let due = origin + (interval * i) / opts.queues;
-        const tick = () => {
-          if (!running) return;
-          producer.push(stamp());
-          sent[i]++;
-          due += interval;
-          timers[i] = setTimeout(tick, Math.max(0, due - performance.now()));
-        };
-        timers[i] = setTimeout(tick, Math.max(0, due - performance.now()));
+      stop = pace(opts.queues, opts.rate, (i) => {
+        producers[i].push(stamp(pad));
+        sent[i]++;
       });
     }
     const total = (counts) => counts.reduce((a, b) => a + b, 0);
-    setTimeout(() => {
-      const cpu0 = process.cpuUsage();
-      const consumed0 = total(consumed);
-      const sent0 = total(sent);
-      const t0 = performance.now();
-      recording = true;
-      console.log("measuring");
-      setTimeout(() => {
-        recording = false;
-        const seconds = (performance.now() - t0) / 1000;
-        const cpu = process.cpuUsage(cpu0);
-        const sorted = latencies.sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
-        console.log(JSON.stringify({
-          seconds,
-          pushed: total(sent) - sent0,
-          consumed: total(consumed) - consumed0,
-          p50_ms: percentile(sorted, 0.5),
-          p99_ms: percentile(sorted, 0.99),
-          p999_ms: percentile(sorted, 0.999),
-          max_ms: percentile(sorted, 1),
-          client_cpu: (cpu.user + cpu.system) / 1e6 / seconds,
-        }));
-        running = false;
-        timers.forEach((t) => clearTimeout(t));
-        bus.disconnect();
-        setTimeout(() => process.exit(0), 200);
-      }, opts.seconds * 1000);
-    }, opts.warmup * 1000);
+    const counts = () => ({ pushed: total(sent), consumed: total(consumed) });
+    measure(opts, state, latencies, counts, () => {
+      running = false;
+      stop();
+      bus.disconnect();
+      setTimeout(() => process.exit(0), 200);
+    });
   });
   bus.connect();
 }

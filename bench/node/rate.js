@@ -8,6 +8,7 @@
 "use strict";
 
 const Bus = require("busmq");
+const { stamp, latencyOf, pace, measure } = require("./window");
 
 function options(argv) {
   const opts = { redis: "", queues: 100, rate: 5000, seconds: 5, warmup: 1, size: 32, reliable: true };
@@ -21,21 +22,14 @@ function options(argv) {
   return opts;
 }
 
-function percentile(sorted, q) {
-  if (!sorted.length) return NaN;
-  return Number(sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))]) / 1e6;
-}
-
 function main() {
   const opts = options(process.argv.slice(2));
   const bus = Bus.create({ redis: [opts.redis] });
   const pad = "x".repeat(Math.max(0, opts.size - 20));
   const latencies = [];
-  let recording = false;
-  let running = true;
+  const state = { recording: false };
   let consumed = 0;
   let sent = 0;
-  const timers = [];
 
   bus.on("error", (err) => { console.error(`bus error: ${err}`); });
   bus.on("online", () => {
@@ -46,8 +40,7 @@ function main() {
       const consumer = bus.queue(name);
       consumer.on("error", (err) => { console.error(`consumer error: ${err}`); });
       consumer.on("message", (message, id) => {
-        const stamp = BigInt(message.slice(0, 20));
-        if (recording) latencies.push(process.hrtime.bigint() - stamp);
+        if (state.recording) latencies.push(latencyOf(message));
         consumed++;
         if (opts.reliable) consumer.ack(id);
       });
@@ -66,48 +59,15 @@ function main() {
   });
 
   function start(producers) {
-    const interval = (opts.queues / opts.rate) * 1000; // ms between pushes on one queue
-    const origin = performance.now();
-    producers.forEach((producer, i) => {
-      let due = origin + (interval * i) / opts.queues;
-      const tick = () => {
-        if (!running) return;
-        const stamp = process.hrtime.bigint().toString().padStart(20, "0");
-        producer.push(stamp + pad);
-        sent++;
-        due += interval;
-        timers[i] = setTimeout(tick, Math.max(0, due - performance.now()));
-      };
-      timers[i] = setTimeout(tick, Math.max(0, due - performance.now()));
+    const stop = pace(opts.queues, opts.rate, (i) => {
+      producers[i].push(stamp(pad));
+      sent++;
     });
-    setTimeout(() => {
-      const cpu0 = process.cpuUsage();
-      const consumed0 = consumed;
-      const t0 = performance.now();
-      recording = true;
-      console.log("measuring");
-      setTimeout(() => {
-        recording = false;
-        const seconds = (performance.now() - t0) / 1000;
-        const cpu = process.cpuUsage(cpu0);
-        const sorted = latencies.sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
-        console.log(JSON.stringify({
-          seconds,
-          consumed: consumed - consumed0,
-          sent,
-          p50_ms: percentile(sorted, 0.5),
-          p99_ms: percentile(sorted, 0.99),
-          p999_ms: percentile(sorted, 0.999),
-          max_ms: percentile(sorted, 1),
-          client_cpu: (cpu.user + cpu.system) / 1e6 / seconds,
-          client_sys_share: cpu.system / Math.max(1, cpu.user + cpu.system),
-        }));
-        running = false;
-        timers.forEach((t) => clearTimeout(t));
-        bus.disconnect();
-        setTimeout(() => process.exit(0), 200);
-      }, opts.seconds * 1000);
-    }, opts.warmup * 1000);
+    measure(opts, state, latencies, () => ({ consumed, sent }), () => {
+      stop();
+      bus.disconnect();
+      setTimeout(() => process.exit(0), 200);
+    });
   }
 
   bus.connect();
