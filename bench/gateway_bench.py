@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -285,6 +287,22 @@ async def _cancel(tasks: list[asyncio.Task[Any]]) -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
+def push_ways() -> tuple[bool, ...]:
+    """Unary ``Push``, and ``PushStream`` where the tree under test has it (bench/ab.py
+    runs older trees: a run their gateway cannot serve is left out)."""
+    methods = pb.DESCRIPTOR.services_by_name["QueueService"].methods_by_name
+    return (False, True) if "PushStream" in methods else (False,)
+
+
+@functools.cache
+def gateway_options() -> str:
+    """The gateway's ``--help`` text: which options the gateway under test has."""
+    done = subprocess.run(
+        [sys.executable, "-m", "busmq_gateway", "--help"], capture_output=True, text=True
+    )
+    return done.stdout
+
+
 async def start_gateway(
     redis_url: str,
     workers: int = 1,
@@ -296,10 +314,15 @@ async def start_gateway(
     pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
     # uvloop for the gateway (one worker): its policy set before the gateway's main.
     start = ["-m", "busmq_gateway"] if loop == "asyncio" else ["-c", UVLOOP_GATEWAY]
+    # Options an older gateway lacks (bench/ab.py runs older trees) are left out.
+    optional = [("--workers", str(workers)), ("--http-listen", "off")]
+    extra = [part for option in optional if option[0] in gateway_options() for part in option]
+    if workers > 1 and "--workers" not in gateway_options():
+        raise RuntimeError("this gateway has no --workers")
     process = await asyncio.create_subprocess_exec(
         sys.executable, *start,
         "--listen", f"127.0.0.1:{port}", "--secret", SECRET, "--redis-url", redis_url,
-        "--log-level", "warning", "--workers", str(workers), "--http-listen", "off",
+        "--log-level", "warning", *extra,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, preexec_fn=pin,
     )  # fmt: skip
     assert process.stdout is not None
@@ -317,7 +340,7 @@ async def with_workers(args: argparse.Namespace, redis_url: str, workers: int) -
     )
     rows: list[Figures] = []
     try:
-        for streamed in (False, True):
+        for streamed in push_ways():
             remote = GatewayTransport(target, channels=8 if workers > 1 else 1, streamed=streamed)
             how = "PushStream" if streamed else "unary Push"
             label = f"gateway x{workers}, {how}"
@@ -351,7 +374,7 @@ async def with_fleet(args: argparse.Namespace, redis_url: str, size: int) -> lis
     try:
         with tempfile.TemporaryDirectory() as directory:
             async with Nginx(Path(directory), [target for _, target in gateways]) as nginx:
-                for streamed in (False, True):
+                for streamed in push_ways():
                     remote = GatewayTransport(nginx.target, streamed=streamed)
                     how = "PushStream" if streamed else "unary Push"
                     label = f"nginx over {size} gateways, {how}"
