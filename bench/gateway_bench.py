@@ -39,6 +39,7 @@ import grpc
 import psutil
 
 from _flow import (  # bench/ is sys.path[0]
+    CpuMeter,
     Figures,
     Lanes,
     median_row,
@@ -237,6 +238,7 @@ async def one_rate_round(
     interval = 1.0 / args.rate
     sent = 0
     before = sum(lanes.consumed)
+    meter = CpuMeter(os.getpid(), args.server_pid)
     lanes.recording = True
     started = time.perf_counter()
     inflight: set[asyncio.Task[None]] = set()
@@ -256,6 +258,8 @@ async def one_rate_round(
         elapsed,
         pushed=sent,
         consumed=sum(lanes.consumed) - before,
+        client_us=(cpu := meter.per_message(sent))[0],
+        server_us=cpu[1],
         p50_ms=percentile(lanes.latencies, 0.5),
         p99_ms=percentile(lanes.latencies, 0.99),
         p999_ms=percentile(lanes.latencies, 0.999),
@@ -338,6 +342,9 @@ async def with_workers(args: argparse.Namespace, redis_url: str, workers: int) -
     gateway, target = await start_gateway(
         redis_url, workers, args.gateway_cpus, args.gateway_loop or args.loop
     )
+    # The gateway's own CPU per message (with --workers N its workers are children: not
+    # counted, so only for one).
+    args.server_pid = gateway.pid if workers == 1 else None
     rows: list[Figures] = []
     try:
         for streamed in push_ways():
@@ -370,6 +377,7 @@ async def with_fleet(args: argparse.Namespace, redis_url: str, size: int) -> lis
 
     gateways = [await start_gateway(redis_url, 1, loop=args.gateway_loop or args.loop)
                 for _ in range(size)]  # fmt: skip
+    args.server_pid = None  # spread over several processes
     rows: list[Figures] = []
     try:
         with tempfile.TemporaryDirectory() as directory:
@@ -391,6 +399,7 @@ async def with_fleet(args: argparse.Namespace, redis_url: str, size: int) -> lis
 
 
 async def direct(args: argparse.Namespace, redis_url: str) -> list[Figures]:
+    args.server_pid = None
     bus = Bus(BusSettings(redis_urls=(redis_url,)))
     await bus.connect()
     try:
