@@ -252,14 +252,15 @@ async def one_rate_round(
         sent += 1
     elapsed = time.perf_counter() - started
     await settle(inflight, lanes, before + sent)
+    client_us, server_us = meter.per_message(sent)
     lanes.recording = False
     return Figures(
         label,
         elapsed,
         pushed=sent,
         consumed=sum(lanes.consumed) - before,
-        client_us=(cpu := meter.per_message(sent))[0],
-        server_us=cpu[1],
+        client_us=client_us,
+        server_us=server_us,
         p50_ms=percentile(lanes.latencies, 0.5),
         p99_ms=percentile(lanes.latencies, 0.99),
         p999_ms=percentile(lanes.latencies, 0.999),
