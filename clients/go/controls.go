@@ -74,6 +74,13 @@ func (q *Queue) DropExpired(ctx context.Context, drop bool) error {
 	return q.updateControls(ctx, &pb.UpdateQueueControlsRequest{DropExpired: proto.Bool(drop)})
 }
 
+// SetOrdering orders deliveries per the value of header key: one delivery per key in
+// flight, in push order, across every consumer; "" stops ordering. It needs at-least-once
+// consumers (FAILED_PRECONDITION, reason ORDERING, on a replay queue).
+func (q *Queue) SetOrdering(ctx context.Context, key string) error {
+	return q.updateControls(ctx, &pb.UpdateQueueControlsRequest{OrderingKey: proto.String(key)})
+}
+
 // RequeueDead moves dead letters back into the queue as new messages, oldest first:
 // those with ids, or all of them (at most limit when it is not 0). Returns their new ids;
 // header busmq-requeued-id holds the id each had.

@@ -143,6 +143,37 @@ func TestControlsDeadLettersAndListings(t *testing.T) {
 	}
 }
 
+func TestOrderingPerKeyHoldsAKeysNextMessageUntilTheAck(t *testing.T) {
+	d := start(t)
+	client := dial(t, d, d.secret)
+	ctx := context.Background()
+	orders := client.Queue("go-ordered")
+	_, err := orders.Attach(ctx, 0)
+	must(t, err)
+	must(t, orders.SetOrdering(ctx, "customer"))
+	a := map[string]string{"customer": "a"}
+	_, err = orders.PushBatch(ctx, []Message{
+		{Payload: []byte("a0"), Headers: a}, {Payload: []byte("a1"), Headers: a},
+		{Payload: []byte("b0"), Headers: map[string]string{"customer": "b"}},
+	})
+	must(t, err)
+	consumer := orders.Consume(ctx, ConsumeOptions{Mode: pb.ConsumeMode_CONSUME_MODE_AT_LEAST_ONCE, Prefetch: 10})
+	defer consumer.Stop()
+	a0, b0 := next(t, consumer.Deliveries()), next(t, consumer.Deliveries())
+	if string(a0.Payload) != "a0" || string(b0.Payload) != "b0" { // a1 waits for a0
+		t.Fatalf("first deliveries %q %q", a0.Payload, b0.Payload)
+	}
+	info, err := orders.Info(ctx)
+	must(t, err)
+	if info.OrderingKey != "customer" || info.OrderedWaiting != 1 || info.OrderedKeysInFlight != 2 {
+		t.Fatalf("ordering %+v", info)
+	}
+	must(t, a0.Ack(ctx))
+	if a1 := next(t, consumer.Deliveries()); string(a1.Payload) != "a1" {
+		t.Fatalf("after the ack %q", a1.Payload)
+	}
+}
+
 func TestBrowseFollowsNewMessagesUntilTheVisitStops(t *testing.T) {
 	d := start(t)
 	client := dial(t, d, d.secret)

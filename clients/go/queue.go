@@ -200,6 +200,13 @@ type Info struct {
 	KeyRateLimit  *RateLimit
 	MaxDeliveries uint32
 	DropExpired   bool
+	// OrderingKey is the header whose value orders deliveries per key ("": not ordered);
+	// with it, the keys with a delivery in flight, the messages waiting for their key and
+	// how long the oldest of them has been in the queue.
+	OrderingKey         string
+	OrderedKeysInFlight uint64
+	OrderedWaiting      uint64
+	OldestOrderedWait   time.Duration
 }
 
 // Info returns the queue's counters, ttl, metadata and controls.
@@ -217,7 +224,9 @@ func (q *Queue) Info(ctx context.Context) (Info, error) {
 		DeadLetters: reply.DeadLetters, TTL: reply.Ttl.AsDuration(), Metadata: reply.Metadata,
 		Mode: reply.Mode, Paused: reply.Paused, RateLimit: rateLimitOf(reply.RateLimit),
 		KeyRateLimit: rateLimitOf(reply.KeyRateLimit), MaxDeliveries: reply.MaxDeliveries,
-		DropExpired: reply.DropExpired,
+		DropExpired: reply.DropExpired, OrderingKey: reply.OrderingKey,
+		OrderedKeysInFlight: reply.OrderedKeysInFlight, OrderedWaiting: reply.OrderedWaiting,
+		OldestOrderedWait: reply.OldestOrderedWait.AsDuration(),
 	}, nil
 }
 

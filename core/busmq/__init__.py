@@ -34,6 +34,7 @@ from .errors import (
     MessageTooLargeError,
     ModeConflictError,
     NotAttachedError,
+    OrderingError,
     ProducerFencedError,
     QueueFullError,
     QueueNotFoundError,
@@ -44,6 +45,7 @@ from .errors import (
 )
 from .events import Event, Subscription
 from .message import Delivery, Message, PayloadKind
+from .ordering import OrderingState
 from .persistable import Persistable
 from .pushing import Producer, PushResult
 from .queue import Queue, Retention
@@ -78,6 +80,8 @@ __all__ = [
     "Mode",
     "ModeConflictError",
     "NotAttachedError",
+    "OrderingError",
+    "OrderingState",
     "PayloadKind",
     "Persistable",
     "Producer",

@@ -34,6 +34,7 @@ import redis.asyncio as aioredis
 
 from .errors import QueueNotFoundError, RedisCommandError
 from .keys import CONSUMER_GROUP, QueueKeys, dead_letter_name
+from .ordering import OrderingState, read_state
 
 if TYPE_CHECKING:
     from .queue_store import QueueStore
@@ -142,6 +143,10 @@ class QueueInfo:
     key_rate_limit: RateLimit | None
     max_deliveries: int | None
     drop_expired: bool
+    ordering: str | None = None
+    """The header whose value orders the queue per key (:meth:`Queue.set_ordering`)."""
+    ordering_state: OrderingState | None = None
+    """With ordering: keys in flight, messages waiting for their key, the oldest's age."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,7 +222,9 @@ async def read_info(queue: QueueStore) -> QueueInfo:
 
     async def run(client: aioredis.Redis) -> list[object]:
         pipe = client.pipeline(transaction=False)
-        pipe.hmget(keys.info, "seq", "mode", "paused", "rate", "krate", "maxdel", "expdrop")
+        pipe.hmget(
+            keys.info, "seq", "mode", "paused", "rate", "krate", "maxdel", "expdrop", "order"
+        )
         pipe.xlen(keys.stream)
         pipe.zcard(keys.due)
         pipe.xlen(dead.stream)
@@ -234,6 +241,7 @@ async def read_info(queue: QueueStore) -> QueueInfo:
     if isinstance(groups, list):
         pending = sum(int(g.get("pending", 0)) for g in groups if isinstance(g, dict))
     mode = conf[1].decode() if isinstance(conf[1], bytes) else None
+    ordering = conf[7].decode() if isinstance(conf[7], bytes) else None
     return QueueInfo(
         name=queue.name,
         count=_int(count),
@@ -248,6 +256,8 @@ async def read_info(queue: QueueStore) -> QueueInfo:
         key_rate_limit=RateLimit.decode(conf[4]),
         max_deliveries=int(conf[5]) if conf[5] is not None else None,
         drop_expired=conf[6] is not None,
+        ordering=ordering,
+        ordering_state=await read_state(queue) if ordering else None,
     )
 
 
@@ -322,10 +332,10 @@ async def settle(
 async def ack_upto(queue: QueueStore, consumer: str, message_id: int) -> int:
     """Acknowledge every delivery pending for consumer ``consumer`` with an id up to
     ``message_id`` (what a consumer's ``ack_upto`` does, by its name); how many."""
-    stream = queue.keys.stream
+    keys = queue.keys.ack_keys
     up_to = f"{message_id}-0"  # a stream id (message.int_to_stream_id; message imports us)
     acked: int = await queue.run_fast(
-        lambda c: queue.bus.scripts.call(c, "ack_upto", [stream], [consumer, up_to]),
+        lambda c: queue.bus.scripts.call(c, "ack_upto", keys, [consumer, up_to]),
         idempotent=True,
     )
     queue.bus.counters.add("acked", queue.name, acked)

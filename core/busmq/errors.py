@@ -106,6 +106,18 @@ class ModeConflictError(BusError):
         self.requested = requested
 
 
+class OrderingError(BusError):
+    """An operation conflicts with a queue's ordering per key (see
+    :meth:`busmq.Queue.set_ordering`): ordering needs at-least-once consumers, so it is
+    refused on a replay queue, and at-most-once or replay consumers are refused on an
+    ordered queue."""
+
+    def __init__(self, queue: str, detail: str) -> None:
+        super().__init__(f"queue {queue!r}: {detail}")
+        self.queue = queue
+        self.detail = detail
+
+
 class QueueFullError(BusError):
     """A push would take the queue above its ``max_backlog``; nothing was stored."""
 

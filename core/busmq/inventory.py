@@ -29,7 +29,7 @@ SCAN_COUNT = 1000
 MAX_STREAM_SEQ = 2**64 - 1
 PIPELINE_QUEUES = 250
 """Queues whose figures one pipeline reads."""
-COMMANDS_PER_QUEUE = 7
+COMMANDS_PER_QUEUE = 9
 
 _INFO_MATCH = f"{PREFIX}:{{*:i"
 
@@ -61,6 +61,9 @@ class QueueStats:
             id: requeues and purges do not lower it).
         rate_limit: the queue's delivery rate limit, if any.
         key_rate_limit: its per-header-value rate limit, if any.
+        ordering: the header whose value orders it per key, if any.
+        ordered_keys_in_flight: with ordering, keys with a delivery in flight.
+        ordered_waiting: with ordering, messages waiting for their key.
     """
 
     name: str
@@ -81,6 +84,9 @@ class QueueStats:
     dead_lettered: int = 0
     rate_limit: RateLimit | None = None
     key_rate_limit: RateLimit | None = None
+    ordering: str | None = None
+    ordered_keys_in_flight: int = 0
+    ordered_waiting: int = 0
 
     @property
     def is_dead_letter_queue(self) -> bool:
@@ -209,19 +215,21 @@ async def _read_chunk(client: aioredis.Redis, names: Sequence[str]) -> list[Any]
     now_ms = int(time.time() * 1000)
     for name in names:
         keys = QueueKeys(name)
-        pipe.hmget(keys.info, "seq", "mode", "paused", "rate", "krate")
+        pipe.hmget(keys.info, "seq", "mode", "paused", "rate", "krate", "order")
         pipe.pttl(keys.info)
         pipe.xlen(keys.stream)
         pipe.zcard(keys.due)
         pipe.xinfo_groups(keys.stream)
         pipe.xpending_range(keys.stream, CONSUMER_GROUP, min="-", max="+", count=1)
         pipe.zcount(keys.leases, f"({now_ms}", "+inf")
+        pipe.hlen(keys.held)
+        pipe.zcard(keys.blocked)
     replies: list[Any] = await pipe.execute(raise_on_error=False)
     return replies
 
 
 def _parse(name: str, shard: str, replies: list[Any]) -> QueueStats | None:
-    conf, ttl_ms, length, delayed, groups, oldest, attachments = replies
+    conf, ttl_ms, length, delayed, groups, oldest, attachments, held, waiting = replies
     if not isinstance(conf, list) or conf[0] is None:
         return None
     messages = _int(length)
@@ -255,6 +263,9 @@ def _parse(name: str, shard: str, replies: list[Any]) -> QueueStats | None:
         ttl=max(_int(ttl_ms), 0) / 1000,
         rate_limit=RateLimit.decode(conf[3]),
         key_rate_limit=RateLimit.decode(conf[4]),
+        ordering=conf[5].decode() if isinstance(conf[5], bytes) else None,
+        ordered_keys_in_flight=max(_int(held) - _int(waiting), 0) // 2,
+        ordered_waiting=_int(waiting),
     )
 
 

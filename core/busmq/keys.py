@@ -78,6 +78,8 @@ class QueueKeys:
       position: they left the pending list, and must not be collected as consumed.
     - ``outbox``: stream of the messages forwarded from this queue to a queue on
       another server (see :mod:`busmq.forwarding`), until they are stored there.
+    - ``held`` and ``blocked``: the ordering per key (see :mod:`busmq.ordering`): which
+      delivery holds each key, and the messages waiting for their key.
 
     A dead-letter queue (``<name>:dead``) has the same hash tag as its queue.
     """
@@ -145,6 +147,14 @@ class QueueKeys:
     def outbox(self) -> str:
         return f"{self.tag}:o"
 
+    @cached_property
+    def held(self) -> str:
+        return f"{self.tag}:g"
+
+    @cached_property
+    def blocked(self) -> str:
+        return f"{self.tag}:gw"
+
     def all(self) -> tuple[str, ...]:
         """The keys that expire together and are deleted together on close, in the order
         the scripts expect them."""
@@ -164,12 +174,23 @@ class QueueKeys:
             self.buckets,
             self.parked,
             self.outbox,
+            self.held,
+            self.blocked,
         )
 
     @cached_property
     def ack_keys(self) -> tuple[str, ...]:
-        """The KEYS of ``ack.lua``."""
-        return (self.stream, self.alias, self.state, self.due, self.parked)
+        """The KEYS of ``ack.lua`` and ``ack_upto.lua``."""
+        return (
+            self.stream,
+            self.alias,
+            self.state,
+            self.due,
+            self.parked,
+            self.held,
+            self.blocked,
+            self.info,
+        )
 
     def with_dead_letters(self) -> tuple[str, ...]:
         """:meth:`all`, then the dead-letter queue's keys: the KEYS of every script that

@@ -78,7 +78,9 @@ class LocalReader:
 
     async def open(self, consumer: Consumer) -> dict[str, Any]:
         """Fix the queue's mode (a conflict raises) and where replay starts."""
-        current, last_id = await self.store.prepare_consumer(consumer.mode.family)
+        current, last_id = await self.store.prepare_consumer(
+            consumer.mode.family, consumer.mode is Mode.AT_LEAST_ONCE
+        )
         if current != consumer.mode.family:
             raise ModeConflictError(consumer.queue.name, current, consumer.mode.family)
         if consumer.mode is Mode.REPLAY:
@@ -115,7 +117,9 @@ class LocalReader:
                     backoff = min(backoff * 2, store.bus.settings.reconnect_backoff_max)
                     continue
                 except GroupMissing:
-                    await store.prepare_consumer(consumer.mode.family)
+                    await store.prepare_consumer(
+                        consumer.mode.family, consumer.mode is Mode.AT_LEAST_ONCE
+                    )
                     continue
                 backoff = 0.05
                 if batch and wake.pauses != pauses and consumer.mode is Mode.AT_LEAST_ONCE:

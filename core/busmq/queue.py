@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Never
 
 import redis.asyncio as aioredis
 
-from . import controls, inventory, pushing
+from . import controls, inventory, ordering, pushing
 from .consumer import Consumer
 from .consuming import Mode
 from .controls import QueueInfo, RateLimit
@@ -221,6 +221,9 @@ class LocalQueueBackend:
 
     async def set_drop_expired(self, drop: bool) -> None:
         await controls.set_controls(self._store, expdrop="1" if drop else None)
+
+    async def set_ordering(self, header: str | None) -> None:
+        await ordering.set_ordering(self._store, header)
 
     async def requeue_dead(self, ids: list[int] | None, limit: int) -> list[int]:
         return await controls.requeue_dead(self._store, ids, limit)

@@ -25,6 +25,7 @@ from .consuming import LATEST, Mode
 from .errors import DurabilityError, UnknownMessageError
 from .events import Event, EventHub
 from .message import EncodedMessage, with_headers
+from .ordering import validate_header
 from .pushing import Producer, PushOptions, PushResult, Sequenced
 
 if TYPE_CHECKING:
@@ -156,6 +157,8 @@ class QueueBackend(Protocol[Absent, C_co]):
     async def set_max_deliveries(self, max_deliveries: int | None) -> None: ...
 
     async def set_drop_expired(self, drop: bool) -> None: ...
+
+    async def set_ordering(self, header: str | None) -> None: ...
 
     async def requeue_dead(self, ids: list[int] | None, limit: int) -> list[int]: ...
 
@@ -519,6 +522,21 @@ class QueueAPI(Generic[Absent, C]):
         if max_deliveries is not None and max_deliveries < 1:
             raise ValueError("max_deliveries must be at least 1")
         await self._backend.set_max_deliveries(max_deliveries)
+
+    async def set_ordering(self, key: str | None) -> None:
+        """Order deliveries per key: messages with the same value of header ``key`` go
+        out one at a time, in push order, across every consumer in every process; other
+        keys go out in parallel. A key's next message is handed out only after the
+        previous one is settled (acked, rejected, dead-lettered or expired); a ``nack()``
+        or a lapsed visibility timeout hands the same message out again before any later
+        one of its key; a delayed message holds its key's place. Messages without the
+        header are unordered. ``None`` stops ordering (what waits goes out at once).
+
+        Needs at-least-once consumers: raises :class:`OrderingError` on a replay queue,
+        and an ordered queue refuses at-most-once and replay consumers. See
+        :mod:`busmq.ordering`."""
+        self._backend.require_open()
+        await self._backend.set_ordering(None if key is None else validate_header(key))
 
     async def drop_expired(self, drop: bool = True) -> None:
         """Drop expired messages instead of dead-lettering them (reason ``expired``)."""

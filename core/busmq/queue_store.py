@@ -13,7 +13,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis.asyncio as aioredis
 
-from .errors import BusClosedError, QueueFullError, QueueNotFoundError, RedisCommandError
+from .errors import (
+    BusClosedError,
+    OrderingError,
+    QueueFullError,
+    QueueNotFoundError,
+    RedisCommandError,
+)
 from .keys import QueueKeys, placement_name, validate_name
 from .notifier import mark_paused, mark_recheck
 
@@ -87,6 +93,8 @@ class QueueStore:
             return QueueNotFoundError(self.name)
         if text.startswith("FULL"):
             return QueueFullError(self.name, int(text.split()[1]))
+        if text.startswith("ORDERED"):
+            return OrderingError(self.name, text.removeprefix("ORDERED "))
         return exc
 
     def require_open(self) -> None:
@@ -130,11 +138,14 @@ class QueueStore:
         self.bus.counters.add("acked", self.name, len(ids) - len(unknown))
         return [int(u) for u in unknown]
 
-    async def prepare_consumer(self, family: str) -> tuple[str, int]:
+    async def prepare_consumer(self, family: str, settles: bool) -> tuple[str, int]:
         """Fix the queue's consumption family (``prepare_consumer.lua``): the family in
-        force and the last id stored."""
+        force and the last id stored. A consumer that does not settle its deliveries
+        (``settles`` false: at-most-once, replay) is refused on a queue ordered per key."""
         mode, last_id = await self.script(
-            "prepare_consumer", [self.keys.info, self.keys.stream], [family]
+            "prepare_consumer",
+            [self.keys.info, self.keys.stream],
+            [family, "1" if settles else "0"],
         )
         family = mode.decode() if isinstance(mode, bytes) else str(mode)
         return family, int(last_id)

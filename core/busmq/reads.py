@@ -39,7 +39,7 @@ async def read_full(
     except RedisCommandError as exc:
         if str(exc).startswith("NOGROUP"):  # the stream is gone: check, recreate
             raise GroupMissing from None
-        raise
+        raise store.script_error(exc) from None  # ORDERED: at-most-once on an ordered queue
     return entries, retried, int(wait), bool(lean and lean[0])
 
 

@@ -21,6 +21,7 @@ from .mux import MuxClient
 _PARTS = {
     "push": ("push_lib", "push"),
     "ack": ("ack_lib", "ack"),
+    "ack_upto": ("ack_lib", "ack_upto"),
     "forward": ("push_lib", "ack_lib", "forward"),
     "forward_out": ("ack_lib", "forward_out"),
 }
@@ -57,6 +58,8 @@ class Scripts:
         "leave",
         "forward",
         "forward_out",
+        "order",
+        "order_stats",
     )
 
     def __init__(self, client: aioredis.Redis, *, sharded_publish: bool = False) -> None:

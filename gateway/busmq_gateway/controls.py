@@ -92,7 +92,22 @@ def info_fields(info: QueueInfo) -> dict[str, Any]:
         "max_deliveries": info.max_deliveries or 0,
         "drop_expired": info.drop_expired,
         "mode": info.mode or "",
+        **ordering_fields(info),
     }
+
+
+def ordering_fields(info: QueueInfo) -> dict[str, Any]:
+    state = info.ordering_state
+    if info.ordering is None or state is None:
+        return {}
+    fields: dict[str, Any] = {
+        "ordering_key": info.ordering,
+        "ordered_keys_in_flight": state.keys_in_flight,
+        "ordered_waiting": state.waiting,
+    }
+    if state.oldest_waiting_age is not None:
+        fields["oldest_ordered_wait"] = duration(state.oldest_waiting_age)
+    return fields
 
 
 def _bounded(value: float, name: str) -> float:

@@ -67,6 +67,7 @@ TABLE: tuple[tuple[type[BaseException], grpc.StatusCode, str], ...] = (
     (core.NotAttachedError, grpc.StatusCode.FAILED_PRECONDITION, "NOT_ATTACHED"),
     (core.ProducerFencedError, grpc.StatusCode.FAILED_PRECONDITION, "PRODUCER_FENCED"),
     (core.ModeConflictError, grpc.StatusCode.FAILED_PRECONDITION, "MODE_CONFLICT"),
+    (core.OrderingError, grpc.StatusCode.FAILED_PRECONDITION, "ORDERING"),
     (core.UnknownMessageError, grpc.StatusCode.FAILED_PRECONDITION, "NOT_PENDING"),
     (core.ChannelEndedError, grpc.StatusCode.FAILED_PRECONDITION, "CHANNEL_ENDED"),
     (core.ChannelStateError, grpc.StatusCode.FAILED_PRECONDITION, "CHANNEL_STATE"),
@@ -129,6 +130,8 @@ def error_metadata(exc: BaseException) -> dict[str, str]:
         return _push_metadata(exc)
     if isinstance(exc, core.QueueNotFoundError | core.NotAttachedError):
         return {"queue": exc.queue}
+    if isinstance(exc, core.OrderingError):
+        return {"queue": exc.queue, "detail": exc.detail}
     if isinstance(exc, core.ModeConflictError):
         return {
             "queue": exc.queue,

@@ -105,4 +105,7 @@ def summary(stats: QueueStats) -> pb.QueueSummary:
         ttl=duration(stats.ttl),
         rate_limit=rate_limit_proto(stats.rate_limit),
         key_rate_limit=rate_limit_proto(stats.key_rate_limit),
+        ordering_key=stats.ordering or "",
+        ordered_keys_in_flight=stats.ordered_keys_in_flight,
+        ordered_waiting=stats.ordered_waiting,
     )

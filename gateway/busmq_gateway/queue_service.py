@@ -381,6 +381,11 @@ class QueueService(QueueInventory, pb_grpc.QueueServiceServicer):
             await queue.set_max_deliveries(request.max_deliveries or None)
         if request.HasField("drop_expired"):
             await queue.drop_expired(request.drop_expired)
+        if request.HasField("ordering_key"):
+            try:
+                await queue.set_ordering(request.ordering_key or None)
+            except ValueError as exc:
+                raise RequestError(str(exc)) from None
         return pb.UpdateQueueControlsResponse()
 
     @unary

@@ -16,6 +16,9 @@ python bus_worker.py consume URL QUEUE OUT --settings JSON [--visibility S]
         U <id> <delivery count>     ``queue.ack`` raised UnknownMessageError
 
     SIGTERM stops the consumer; the worker finishes what it fetched and exits 0.
+    With ``--order-key HEADER`` (a queue ordered per key), each delivery is logged as
+    ``S <id> <delivery count> <key> <t>`` when its handling starts and ``E <id> <t>``
+    when it ends (before the ack), and an ack lost to an outage as ``X <id> <count>``.
 
 python bus_worker.py forward URL QUEUE OUT --settings JSON --to-url URL2 --to QUEUE2
                      [--visibility S] [--prefetch N]
@@ -36,7 +39,7 @@ import signal
 import time
 from typing import IO
 
-from busmq import Bus, BusSettings, Mode, UnknownMessageError
+from busmq import Bus, BusSettings, BusUnavailableError, Mode, UnknownMessageError
 
 
 def _settings(args: argparse.Namespace) -> BusSettings:
@@ -68,11 +71,22 @@ async def consume(args: argparse.Namespace, out: IO[str]) -> None:
         async with consumer:
             _line(out, f"C {consumer.name}")
             async for delivery in consumer:
-                _line(out, f"D {delivery.id} {delivery.delivery_count} {time.time():.6f}")
+                if args.order_key:
+                    key = delivery.headers.get(args.order_key, "-")
+                    count = delivery.delivery_count
+                    _line(out, f"S {delivery.id} {count} {key} {time.time():.6f}")
+                else:
+                    _line(out, f"D {delivery.id} {delivery.delivery_count} {time.time():.6f}")
                 if args.delay:
                     await asyncio.sleep(args.delay)  # simulated processing time
+                if args.order_key:
+                    _line(out, f"E {delivery.id} {time.time():.6f}")
                 try:
                     await queue.ack(delivery.id)
+                except BusUnavailableError:
+                    if not args.order_key:
+                        raise
+                    _line(out, f"X {delivery.id} {delivery.delivery_count}")
                 except UnknownMessageError:
                     _line(out, f"U {delivery.id} {delivery.delivery_count}")
                 else:
@@ -113,6 +127,7 @@ def main(argv: list[str] | None = None) -> None:
     p_consume.add_argument("--visibility", type=float, default=1.0)
     p_consume.add_argument("--prefetch", type=int, default=20)
     p_consume.add_argument("--delay", type=float, default=0.0)
+    p_consume.add_argument("--order-key", default="")
     p_forward.add_argument("out")
     p_forward.add_argument("--to-url", required=True)
     p_forward.add_argument("--to", required=True)

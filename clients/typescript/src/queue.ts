@@ -55,6 +55,13 @@ export interface QueueInfo {
   /** 0: none. */
   maxDeliveries: number;
   dropExpired: boolean;
+  /** The header whose value orders deliveries per key; "" when not ordered. */
+  orderingKey: string;
+  /** With ordering: keys with a delivery in flight, and messages waiting for their key. */
+  orderedKeysInFlight: bigint;
+  orderedWaiting: bigint;
+  /** With ordering: seconds the oldest waiting message has been in the queue (0: none). */
+  oldestOrderedWaitSeconds: number;
 }
 
 /** Queue `name` on the gateway. `attach()` creates it and keeps it alive until `detach()`. */
@@ -204,6 +211,10 @@ export class QueueHandle {
       keyRateLimit: fromWireRateLimit(reply.keyRateLimit),
       maxDeliveries: reply.maxDeliveries,
       dropExpired: reply.dropExpired,
+      orderingKey: reply.orderingKey,
+      orderedKeysInFlight: reply.orderedKeysInFlight,
+      orderedWaiting: reply.orderedWaiting,
+      oldestOrderedWaitSeconds: seconds(reply.oldestOrderedWait),
     };
   }
 
@@ -230,6 +241,13 @@ export class QueueHandle {
   /** Drop expired messages instead of dead-lettering them. */
   async dropExpired(drop = true): Promise<void> {
     await updateControls(this.client, this.name, { dropExpired: drop });
+  }
+
+  /** Order deliveries per the value of header `key`: one delivery per key in flight, in
+   * push order, across every consumer; `null` stops ordering. Needs at-least-once
+   * consumers (FAILED_PRECONDITION, reason ORDERING, on a replay queue). */
+  async setOrdering(key: string | null): Promise<void> {
+    await updateControls(this.client, this.name, { orderingKey: key ?? "" });
   }
 
   /** Move dead letters back into the queue as new messages, oldest first: those with

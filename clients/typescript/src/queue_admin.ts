@@ -80,6 +80,7 @@ export async function updateControls(
     rateLimit?: RateLimit | null;
     maxDeliveries?: number | null;
     dropExpired?: boolean;
+    orderingKey?: string;
   },
 ): Promise<void> {
   const { rateLimit } = change;
@@ -92,6 +93,7 @@ export async function updateControls(
         removeRateLimits: rateLimit === null,
         maxDeliveries: change.maxDeliveries === undefined ? undefined : (change.maxDeliveries ?? 0),
         dropExpired: change.dropExpired,
+        orderingKey: change.orderingKey,
       },
       o,
     ),

@@ -90,6 +90,30 @@ describe("controls, dead letters, listings and persistables through a live gatew
     assert.equal((await jobs.info()).deadLetters, 1n);
   });
 
+  test("ordering per key: a key's next message waits for the previous one's ack", async () => {
+    const { client } = live();
+    const orders = client.queue("ts-ordered");
+    await orders.attach();
+    await orders.setOrdering("customer");
+    await orders.pushBatch(["a0", "a1"], { headers: { customer: "a" } });
+    await orders.pushBatch(["b0"], { headers: { customer: "b" } });
+    const consumer = orders.consume({ mode: "at-least-once", prefetch: 10 });
+    const deliveries = consumer[Symbol.asyncIterator]();
+    const a0 = await next(deliveries);
+    const b0 = await next(deliveries);
+    assert.deepEqual([a0.data, b0.data], ["a0", "b0"]); // a1 waits for a0
+    const info = await orders.info();
+    assert.equal(info.orderingKey, "customer");
+    assert.equal(info.orderedWaiting, 1n);
+    await a0.ack();
+    const a1 = await next(deliveries);
+    assert.equal(a1.data, "a1");
+    await Promise.all([a1.ack(), b0.ack()]);
+    await consumer.stop();
+    await orders.setOrdering(null);
+    assert.equal((await orders.info()).orderingKey, "");
+  });
+
   test("listQueues pages through the queues of a prefix with their counts", async () => {
     const { client } = live();
     const names = Array.from({ length: 7 }, (_, i) => `ts-listed-${i}`);

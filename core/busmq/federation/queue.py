@@ -378,6 +378,9 @@ class RemoteQueueBackend:
     async def set_drop_expired(self, drop: bool) -> None:
         await self._controls(drop_expired=drop)
 
+    async def set_ordering(self, header: str | None) -> None:
+        await self._controls(ordering_key=header or "")
+
     async def _controls(self, **fields: Any) -> None:
         await self.call(
             "UpdateQueueControls", pb.UpdateQueueControlsRequest(queue=self.name, **fields)

@@ -1,10 +1,16 @@
--- Settling a delivery by ack: shared by ack.lua and the forward scripts.
+-- Settling a delivery by ack: shared by ack.lua, ack_upto.lua and the forward scripts.
+
+-- The keys an ack touches (QueueKeys.ack_keys), from KEYS[at].
+local function ack_keys(keys, at)
+  return {stream = keys[at], alias = keys[at + 1], state = keys[at + 2], due = keys[at + 3],
+    parked = keys[at + 4], held = keys[at + 5], blocked = keys[at + 6], info = keys[at + 7]}
+end
 
 -- Given back (a nack, a released stream) or waiting for a retry and not redelivered
 -- yet: a late ack of its holder still settles it.
 local function was_parked(due, parked, sid)
   if redis.call('ZREM', parked, sid) == 0 then return false end
-  redis.call('ZREM', due, 'r:' .. sid)
+  redis.call('ZREM', due, 'r:' .. sid, 'o:' .. sid)
   return true
 end
 
@@ -23,16 +29,21 @@ local function ack_find(stream, alias, due, parked, id)
   return nil
 end
 
--- Delete acked entries and what was kept about them (retries, forwarding).
-local function ack_forget(stream, state, acked)
+-- Delete acked entries and what was kept about them (retries, forwarding, the ordering:
+-- an acked entry frees its key for the key's next message).
+local function ack_forget(a, acked)
   for i = 1, #acked, 1000 do
-    redis.call('XDEL', stream, unpack(acked, i, math.min(i + 999, #acked)))
+    redis.call('XDEL', a.stream, unpack(acked, i, math.min(i + 999, #acked)))
   end
-  if #acked > 0 and redis.call('EXISTS', state) == 1 then
-    for _, sid in ipairs(acked) do
-      redis.call('HDEL', state, sid, 'f:' .. sid, 'e:' .. sid, 'l:' .. sid, 'w:' .. sid)
-    end
+  if #acked == 0 then return end
+  local present = redis.call('EXISTS', a.state, a.held)
+  if present == 0 then return end
+  local promoted = false
+  for _, sid in ipairs(acked) do
+    redis.call('HDEL', a.state, sid, 'f:' .. sid, 'e:' .. sid, 'l:' .. sid, 'w:' .. sid)
+    promoted = order_settled(a, sid) or promoted
   end
+  if promoted then announce_parked(a) end
 end
 
 -- The stream id under which message id is pending or parked (unsettled), or nil.

@@ -9,6 +9,7 @@ local stream, consumer, min_idle = q.stream, ARGV[1], ARGV[2]
 local max_deliveries = tonumber(ARGV[5] ~= '' and ARGV[5] or redis.call('HGET', q.info, 'maxdel') or '')
 local now
 local out = {}
+local promoted = false
 local pending = redis.call('XPENDING', stream, GROUP, 'IDLE', min_idle, '-', '+', ARGV[3])
 for _, p in ipairs(pending) do
   local sid, idle, count = p[1], p[3], p[4]
@@ -16,9 +17,10 @@ for _, p in ipairs(pending) do
     local entry = redis.call('XRANGE', stream, sid, sid)[1]
     now = now or now_ms()
     if entry then
-      dead_letter(q, dq, ARGV[6], sid, entry[2], 'max-deliveries', count, now, nil, now - idle)
+      promoted = dead_letter(q, dq, ARGV[6], sid, entry[2], 'max-deliveries', count, now, nil, now - idle) or promoted
     else
       redis.call('XACK', stream, GROUP, sid)
+      promoted = order_settled(q, sid) or promoted
     end
   else
     if count == 1 and max_deliveries then
@@ -34,6 +36,7 @@ for _, p in ipairs(pending) do
     elseif entry ~= nil then
       -- Redis 6.2 returns nil for a pending id whose message was trimmed: settle it.
       redis.call('XACK', stream, GROUP, sid)
+      promoted = order_settled(q, sid) or promoted
     end
   end
 end
@@ -44,4 +47,5 @@ for _, c in ipairs(consumers) do
     redis.call('XGROUP', 'DELCONSUMER', stream, GROUP, name)
   end
 end
+if promoted then announce_parked(q) end
 return out

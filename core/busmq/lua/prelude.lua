@@ -65,26 +65,90 @@ end
 
 -- Processing controls (dead letters, retries, delayed messages). Scripts that use them
 -- get KEYS in QueueKeys.all() order, then the dead-letter queue's (with_dead_letters).
-local QUEUE_KEYS = 11
+local QUEUE_KEYS = 13
 local function queue_keys(keys, at)
   return {info = keys[at], stream = keys[at + 1], meta = keys[at + 2], leases = keys[at + 3],
     due = keys[at + 4], delayed = keys[at + 5], alias = keys[at + 6], state = keys[at + 7],
     buckets = keys[at + 8], parked = keys[at + 9], outbox = keys[at + 10],
+    held = keys[at + 11], blocked = keys[at + 12],
     all = {unpack(keys, at, at + QUEUE_KEYS - 1)}}
 end
 
 local function position(sid) return tonumber(string.match(sid, '^(%d+)')) end
+
+-- Ordering per key (see busmq/ordering.py). `held`: 's:<sid>' -> key for every entry of
+-- an ordered key seen and not settled, 'k:<key>' -> the sid that holds the key (the one
+-- delivery of the key that may be in flight). `blocked`: the entries waiting for their
+-- key, all scored 0 so that they sort by member: the key's length (5 digits), the key,
+-- then the padded stream id; a key's waiting entries are one range, in stream order.
+local function key_prefix(key) return string.format('%05d', #key) .. key end
+
+local function wait_member(key, sid)
+  local a, b = string.match(sid, '^(%d+)-(%d+)$')
+  return key_prefix(key) .. string.rep('0', 20 - #a) .. a .. string.rep('0', 20 - #b) .. b
+end
+
+local function member_sid(member)
+  local tail = string.sub(member, 6 + tonumber(string.sub(member, 1, 5)))
+  local a = string.match(string.sub(tail, 1, 20), '^0*(%d-%d)$')
+  local b = string.match(string.sub(tail, 21), '^0*(%d-%d)$')
+  return a .. '-' .. b
+end
+
+-- May entry sid (pending for a consumer) of key go out now? It takes the key if no one
+-- holds it; else it leaves the pending list and waits its turn in `blocked`.
+local function order_take(q, key, sid)
+  local holder = redis.call('HGET', q.held, 'k:' .. key)
+  if holder == sid then return true end
+  redis.call('HSET', q.held, 's:' .. sid, key)
+  if not holder then
+    redis.call('HSET', q.held, 'k:' .. key, sid)
+    return true
+  end
+  redis.call('XACK', q.stream, GROUP, sid)
+  redis.call('ZADD', q.blocked, 0, wait_member(key, sid))
+  redis.call('ZADD', q.parked, position(sid), sid)
+  return false
+end
+
+-- Entry sid is settled (acked, dead-lettered, expired, gone): if it held its key, the
+-- key's next waiting entry takes it and is due at once ('o:<sid>' in `due`, read.lua
+-- hands it out ahead of new messages); if it was waiting, it waits no more. Returns true
+-- when an entry was made due (the caller announces it: announce_parked).
+-- o: a table with the held, blocked, due keys.
+local function order_settled(o, sid)
+  local key = redis.call('HGET', o.held, 's:' .. sid)
+  if not key then return false end
+  redis.call('HDEL', o.held, 's:' .. sid)
+  if redis.call('HGET', o.held, 'k:' .. key) ~= sid then
+    redis.call('ZREM', o.blocked, wait_member(key, sid))
+    return false
+  end
+  local prefix = key_prefix(key)
+  local nxt = redis.call('ZRANGEBYLEX', o.blocked, '[' .. prefix, '[' .. prefix .. '\255', 'LIMIT', 0, 1)[1]
+  if not nxt then
+    redis.call('HDEL', o.held, 'k:' .. key)
+    return false
+  end
+  redis.call('ZREM', o.blocked, nxt)
+  local next_sid = member_sid(nxt)
+  redis.call('HSET', o.held, 'k:' .. key, next_sid)
+  redis.call('ZADD', o.due, position(next_sid), 'o:' .. next_sid)
+  return true
+end
 
 -- The stream id of message id (a delayed message is stored under a later position).
 local function stream_id_of(q, id)
   return redis.call('HGET', q.alias, id) or (id .. '-0')
 end
 
--- Forget what the controls kept about a settled stream entry.
+-- Forget what the controls kept about a settled stream entry. Returns true when the
+-- ordering made another entry due (see order_settled).
 local function forget_state(q, sid, fields)
   redis.call('HDEL', q.state, sid, 'f:' .. sid, 'e:' .. sid, 'l:' .. sid, 'w:' .. sid)
   local original = fields and field(fields, 'i')
   if original then redis.call('HDEL', q.alias, original) end
+  return order_settled(q, sid)
 end
 
 -- A fresh stream position after every id issued so far: "<seq>-<k>".
@@ -152,7 +216,7 @@ local function dead_letter(q, dq, name, sid, fields, reason, count, now, error_t
   redis.call('XACK', q.stream, GROUP, sid)
   redis.call('XDEL', q.stream, sid)
   redis.call('ZREM', q.parked, sid)
-  forget_state(q, sid, fields)
+  return forget_state(q, sid, fields)
 end
 
 -- Park pending entry sid out of the pending list until due_ms, then redeliver it with
@@ -169,7 +233,9 @@ end
 local function announce_parked(q)
   local pttl = redis.call('PTTL', q.info)
   if pttl > 0 then
-    for _, key in ipairs({q.due, q.state, q.parked}) do redis.call('PEXPIRE', key, pttl) end
+    for _, key in ipairs({q.due, q.state, q.parked, q.held, q.blocked}) do
+      redis.call('PEXPIRE', key, pttl)
+    end
   end
   redis.call('PUBLISH', string.sub(q.info, 1, -2) .. 'n', 'c')
 end

@@ -28,7 +28,7 @@ if ARGV[6] ~= '' then
   end
 end
 local n = push_count(0)
-local conf, full = push_limits(info, stream, n)
+local conf, full = push_limits(info, stream, n, 0)
 if not conf then return full end
 local first = push_write(info, stream, KEYS[3], KEYS[4], conf, n, 0)
 if dedupe then redis.call('SET', dedupe, first, 'PX', ARGV[1]) end

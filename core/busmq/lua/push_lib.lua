@@ -4,7 +4,9 @@
 -- the producer ('' or "<epoch> <sequence> <name>"), then per message its payload alone
 -- (plain bytes, no headers) or (payload, kind, headers). An entry has no 'k' field when
 -- its kind is plain bytes.
--- A message due later keeps its id and waits in `delayed` until a read promotes it.
+-- A message due later keeps its id and waits in `delayed` until a read promotes it; in a
+-- queue ordered per key it is stored in place instead, with field 'l' (due ms), so that
+-- it holds its key's place (read.lua parks it until due).
 -- Publishes the last id on the channel to wake idle consumers; 'c' instead for a message
 -- due later or expiring, which consumers read in full (see read.lua) from then on.
 
@@ -12,12 +14,24 @@ local function push_count(o)
   return (#ARGV - o - 6) / tonumber(ARGV[o + 5])
 end
 
--- The queue's limits (maxlen, maxage, backlog), or nil and the error reply if n more
--- messages would not fit.
-local function push_limits(info, stream, n)
-  local conf = redis.call('HMGET', info, 'maxlen', 'maxage', 'backlog')
+local MAX_ORDER_KEY = 1024 -- bytes of an ordering key (busmq.ordering.MAX_KEY_BYTES)
+
+-- The queue's limits (maxlen, maxage, backlog) and ordering header, or nil and the error
+-- reply if n more messages would not fit, or one has an ordering key too long.
+local function push_limits(info, stream, n, o)
+  local conf = redis.call('HMGET', info, 'maxlen', 'maxage', 'backlog', 'order')
   if conf[3] and redis.call('XLEN', stream) + n > tonumber(conf[3]) then
     return nil, redis.error_reply('FULL ' .. conf[3])
+  end
+  if conf[4] and tonumber(ARGV[o + 5]) == 3 then
+    for i = 0, n - 1 do
+      local headers = ARGV[o + 7 + i * 3 + 2]
+      local key = headers ~= '' and cjson.decode(headers)[conf[4]]
+      if type(key) == 'string' and #key > MAX_ORDER_KEY then
+        return nil, redis.error_reply('ORDERED header ' .. conf[4] .. ' of message ' .. (i + 1) ..
+          ' of the push is ' .. #key .. ' bytes, more than an ordering key may be (' .. MAX_ORDER_KEY .. ')')
+      end
+    end
   end
   return conf
 end
@@ -34,6 +48,11 @@ local function push_write(info, stream, due_key, delayed, conf, n, o)
   end
   local due, expires = absolute(ARGV[o + 3]), absolute(ARGV[o + 4])
   local delayed_push = due ~= '' and tonumber(due) > now
+  local later = ''
+  if delayed_push and conf[4] then
+    delayed_push, later = false, due
+    redis.call('HSET', info, 'later', 1)
+  end
   local start = o + 7
   local function message(i)
     local base = start + i * stride
@@ -49,7 +68,7 @@ local function push_write(info, stream, due_key, delayed, conf, n, o)
     end
     local pttl = redis.call('PTTL', info)
     if pttl > 0 then redis.call('PEXPIRE', delayed, pttl); redis.call('PEXPIRE', due_key, pttl) end
-  elseif stride == 1 and expires == '' then
+  elseif stride == 1 and expires == '' and later == '' then
     for i = 0, n - 1 do
       redis.call('XADD', stream, string.format('%d-0', first + i), 'p', ARGV[start + i], 't', stamp)
     end
@@ -57,7 +76,7 @@ local function push_write(info, stream, due_key, delayed, conf, n, o)
     for i = 0, n - 1 do
       local id = string.format('%d-0', first + i)
       local payload, kind, headers = message(i)
-      if headers == '' and expires == '' then
+      if headers == '' and expires == '' and later == '' then
         if kind == 'b' then
           redis.call('XADD', stream, id, 'p', payload, 't', stamp)
         else
@@ -69,6 +88,7 @@ local function push_write(info, stream, due_key, delayed, conf, n, o)
         args[#args + 1] = 't'; args[#args + 1] = stamp
         if headers ~= '' then args[#args + 1] = 'h'; args[#args + 1] = headers end
         if expires ~= '' then args[#args + 1] = 'e'; args[#args + 1] = expires end
+        if later ~= '' then args[#args + 1] = 'l'; args[#args + 1] = later end
         redis.call(unpack(args))
       end
     end
@@ -81,7 +101,7 @@ local function push_write(info, stream, due_key, delayed, conf, n, o)
     local pttl = redis.call('PTTL', info)
     if pttl > 0 then redis.call('PEXPIRE', stream, pttl) end
   end
-  if delayed_push or expires ~= '' then
+  if delayed_push or expires ~= '' or later ~= '' then
     redis.call('PUBLISH', ARGV[o + 2], 'c')
   else
     redis.call('PUBLISH', ARGV[o + 2], first + n - 1)

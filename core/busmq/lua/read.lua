@@ -1,6 +1,6 @@
 -- Read for a destructive consumer (at-most-once or at-least-once), with the processing
 -- controls applied atomically: pause, the queue's rate limit, due retries and delayed
--- messages, expiry and the per-key rate limit.
+-- messages, expiry, the per-key rate limit and the ordering per key (prelude.lua).
 -- KEYS: QueueKeys.with_dead_letters(). ARGV: consumer, count, noack ('1' at-most-once),
 -- queue name.
 -- Returns {entries, retried, wait, lean}: entries as XREADGROUP gives them ({id, fields}),
@@ -11,8 +11,14 @@
 -- this changed (a 'c' publication on the queue's channel, see notifier.py).
 local q, dq = queue_keys(KEYS, 1), queue_keys(KEYS, 1 + QUEUE_KEYS)
 local consumer, want, noack, name = ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1', ARGV[4]
-local conf = redis.call('HMGET', q.info, 'paused', 'rate', 'tk', 'tt', 'krate', 'expiring', 'expdrop')
+local conf = redis.call('HMGET', q.info, 'paused', 'rate', 'tk', 'tt', 'krate', 'expiring',
+  'expdrop', 'order', 'later')
 if conf[1] then return {{}, {}, -2} end
+local order = conf[8]
+if order and noack then
+  return redis.error_reply('ORDERED queue ' .. name .. ' is ordered by header ' .. order ..
+    ': its consumers must be at-least-once')
+end
 local now = now_ms()
 local wait = -1
 local function sooner(ms) if wait < 0 or ms < wait then wait = ms end end
@@ -27,25 +33,53 @@ if conf[2] then
   if allowance < 1 then return {{}, {}, math.max(1, math.ceil((1 - tokens) * per / limit))} end
 end
 
-local retried = {}
+local retried, promoted = {}, {}
+local announce = false -- the ordering made an entry due: wake every consumer
+local touched = false -- parked or blocked here: the keys that hold them live with the queue
+-- The ordering key of an entry (its fields), or nil.
+local function key_of(fields)
+  local raw = field(fields, 'h')
+  if raw and raw ~= '' then
+    local value = cjson.decode(raw)[order]
+    if type(value) == 'string' then return value end
+  end
+  return nil
+end
 if redis.call('EXISTS', q.due) == 1 then
   for _, member in ipairs(redis.call('ZRANGEBYSCORE', q.due, '-inf', now, 'LIMIT', 0, allowance)) do
     redis.call('ZREM', q.due, member)
     local ref = string.sub(member, 3)
-    if string.sub(member, 1, 1) == 'p' then
+    local kind = string.sub(member, 1, 1)
+    if kind == 'p' then
       promote_delayed(q, ref)
+    elseif kind == 'o' then
+      -- Its key's turn (order_settled): a first delivery, filtered below like a new entry.
+      redis.call('ZREM', q.parked, ref)
+      local claimed = redis.call('XCLAIM', q.stream, GROUP, consumer, 0, ref, 'RETRYCOUNT', 1, 'FORCE')
+      if claimed[1] and claimed[1][2] then
+        promoted[#promoted + 1] = claimed[1]
+      else -- trimmed while it waited
+        announce = order_settled(q, ref) or announce
+      end
     else
       redis.call('ZREM', q.parked, ref)
       local count = tonumber(redis.call('HGET', q.state, ref) or '0') + 1
       local claimed = redis.call('XCLAIM', q.stream, GROUP, consumer, 0, ref, 'RETRYCOUNT', count, 'FORCE')
       redis.call('HDEL', q.state, ref)
       if claimed[1] and claimed[1][2] then
-        retried[#retried + 1] = {claimed[1][1], claimed[1][2], count}
-        if noack then
-          redis.call('XACK', q.stream, GROUP, ref)
-          redis.call('XDEL', q.stream, ref)
-          forget_state(q, ref, claimed[1][2])
+        local key = order and key_of(claimed[1][2])
+        if key and not order_take(q, key, ref) then
+          touched = true -- waits behind its key (parked before the ordering was set)
+        else
+          retried[#retried + 1] = {claimed[1][1], claimed[1][2], count}
+          if noack then
+            redis.call('XACK', q.stream, GROUP, ref)
+            redis.call('XDEL', q.stream, ref)
+            forget_state(q, ref, claimed[1][2])
+          end
         end
+      else
+        announce = order_settled(q, ref) or announce
       end
     end
   end
@@ -53,19 +87,23 @@ if redis.call('EXISTS', q.due) == 1 then
   if head[2] then sooner(math.max(1, tonumber(head[2]) - now)) end
 end
 
-local entries = {}
-local room = allowance - #retried
+local entries = promoted
+local room = allowance - #retried - #promoted
 if room > 0 then
   local read = {'XREADGROUP', 'GROUP', GROUP, consumer, 'COUNT', room}
   if noack then read[#read + 1] = 'NOACK' end
   read[#read + 1] = 'STREAMS'; read[#read + 1] = q.stream; read[#read + 1] = '>'
   local reply = redis.pcall(unpack(read))
   if type(reply) == 'table' and reply.err then return reply end -- NOGROUP: the caller recreates it
-  if reply then entries = reply[1][2] end
+  if reply then
+    for _, entry in ipairs(reply[1][2]) do entries[#entries + 1] = entry end
+  end
 end
 
--- Expired messages and those over their key's rate limit do not go out.
-if #entries > 0 and (conf[5] or conf[6]) then
+-- Expired messages, those whose key is held by an earlier one, those due later ('l':
+-- a delayed push to an ordered queue, stored in place) and those over their key's rate
+-- limit do not go out.
+if #entries > 0 and (conf[5] or conf[6] or order or conf[9]) then
   local header, klimit, kper
   if conf[5] then
     header, klimit, kper = string.match(conf[5], '^(.-) (%S+) (%S+)$')
@@ -75,6 +113,8 @@ if #entries > 0 and (conf[5] or conf[6]) then
   for i, entry in ipairs(entries) do
     local sid, fields = entry[1], entry[2]
     local expires = conf[6] and field(fields, 'e')
+    local later = conf[9] and field(fields, 'l')
+    local okey = order and key_of(fields)
     local key
     if header then
       local raw = field(fields, 'h')
@@ -84,10 +124,17 @@ if #entries > 0 and (conf[5] or conf[6]) then
       if conf[7] then
         redis.call('XACK', q.stream, GROUP, sid)
         redis.call('XDEL', q.stream, sid)
-        forget_state(q, sid, fields)
+        announce = forget_state(q, sid, fields) or announce
       else
-        dead_letter(q, dq, name, sid, fields, 'expired', 0, now, nil, nil)
+        announce = dead_letter(q, dq, name, sid, fields, 'expired', 0, now, nil, nil) or announce
       end
+    elseif okey and not order_take(q, okey, sid) then
+      touched = true -- waits in `blocked` for its key
+    elseif later and tonumber(later) > now then
+      -- Holds its key (taken above) and its place until due; then a first delivery.
+      park(q, sid, tonumber(later), 0, now)
+      sooner(tonumber(later) - now)
+      touched = true
     elseif key then
       local have = tokens_of[key]
       if not have then
@@ -121,6 +168,15 @@ if #entries > 0 and (conf[5] or conf[6]) then
     if pttl > 0 then redis.call('PEXPIRE', q.buckets, pttl) end
   end
 end
+if order and #entries > 0 then touched = true end -- `held` may be new
+if announce then
+  announce_parked(q)
+elseif touched then
+  local pttl = redis.call('PTTL', q.info)
+  if pttl > 0 then
+    for _, k in ipairs({q.due, q.state, q.parked, q.held, q.blocked}) do redis.call('PEXPIRE', k, pttl) end
+  end
+end
 
 if noack and #entries > 0 then
   local ids = {}
@@ -135,8 +191,8 @@ if tokens then
   redis.call('HSET', q.info, 'tk', tokens - #entries - #retried, 'tt', now)
 end
 local lean = 0
-if not (conf[2] or conf[5] or conf[6]) and wait == -1
-    and redis.call('EXISTS', q.due, q.alias) == 0 then
+if not (conf[2] or conf[5] or conf[6] or order or conf[9]) and wait == -1
+    and redis.call('EXISTS', q.due, q.alias, q.held) == 0 then
   lean = 1
 end
 return {entries, retried, wait, lean}

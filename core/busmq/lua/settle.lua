@@ -24,7 +24,10 @@ for i = 7, #ARGV do
   local p = redis.call('XPENDING', q.stream, GROUP, sid, sid, 1)[1]
   local entry = p and redis.call('XRANGE', q.stream, sid, sid)[1]
   if not entry then
-    if p then redis.call('XACK', q.stream, GROUP, sid) end -- trimmed while pending
+    if p then -- trimmed while pending
+      redis.call('XACK', q.stream, GROUP, sid)
+      parked = order_settled(q, sid) or parked
+    end
     unknown[#unknown + 1] = ARGV[i]
   elseif op == 'release' then
     give_back(q, sid, p[4], now - p[3])
@@ -33,9 +36,9 @@ for i = 7, #ARGV do
     local idle, count = p[3], p[4]
     if count == 1 then redis.call('HSETNX', q.state, 'f:' .. sid, now - idle) end
     if op == 'reject' then
-      dead_letter(q, dq, name, sid, entry[2], 'rejected', count, now, error_text, now - idle)
+      parked = dead_letter(q, dq, name, sid, entry[2], 'rejected', count, now, error_text, now - idle) or parked
     elseif max_deliveries and count >= max_deliveries then
-      dead_letter(q, dq, name, sid, entry[2], 'max-deliveries', count, now, error_text, now - idle)
+      parked = dead_letter(q, dq, name, sid, entry[2], 'max-deliveries', count, now, error_text, now - idle) or parked
     else
       if error_text ~= '' then redis.call('HSET', q.state, 'e:' .. sid, error_text) end
       local delay = delay_after(count)

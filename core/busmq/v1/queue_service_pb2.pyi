@@ -285,20 +285,22 @@ class RequeueDeadResponse(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class UpdateQueueControlsRequest(_message.Message):
-    __slots__ = ("queue", "paused", "rate_limit", "remove_rate_limits", "max_deliveries", "drop_expired")
+    __slots__ = ("queue", "paused", "rate_limit", "remove_rate_limits", "max_deliveries", "drop_expired", "ordering_key")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     PAUSED_FIELD_NUMBER: _ClassVar[int]
     RATE_LIMIT_FIELD_NUMBER: _ClassVar[int]
     REMOVE_RATE_LIMITS_FIELD_NUMBER: _ClassVar[int]
     MAX_DELIVERIES_FIELD_NUMBER: _ClassVar[int]
     DROP_EXPIRED_FIELD_NUMBER: _ClassVar[int]
+    ORDERING_KEY_FIELD_NUMBER: _ClassVar[int]
     queue: str
     paused: bool
     rate_limit: RateLimit
     remove_rate_limits: bool
     max_deliveries: int
     drop_expired: bool
-    def __init__(self, queue: _Optional[str] = ..., paused: _Optional[bool] = ..., rate_limit: _Optional[_Union[RateLimit, _Mapping]] = ..., remove_rate_limits: _Optional[bool] = ..., max_deliveries: _Optional[int] = ..., drop_expired: _Optional[bool] = ...) -> None: ...
+    ordering_key: str
+    def __init__(self, queue: _Optional[str] = ..., paused: _Optional[bool] = ..., rate_limit: _Optional[_Union[RateLimit, _Mapping]] = ..., remove_rate_limits: _Optional[bool] = ..., max_deliveries: _Optional[int] = ..., drop_expired: _Optional[bool] = ..., ordering_key: _Optional[str] = ...) -> None: ...
 
 class UpdateQueueControlsResponse(_message.Message):
     __slots__ = ()
@@ -311,7 +313,7 @@ class GetQueueRequest(_message.Message):
     def __init__(self, queue: _Optional[str] = ...) -> None: ...
 
 class GetQueueResponse(_message.Message):
-    __slots__ = ("queue", "count", "ttl", "last_id", "metadata", "pending", "delayed", "dead_letters", "paused", "rate_limit", "key_rate_limit", "max_deliveries", "drop_expired", "mode")
+    __slots__ = ("queue", "count", "ttl", "last_id", "metadata", "pending", "delayed", "dead_letters", "paused", "rate_limit", "key_rate_limit", "max_deliveries", "drop_expired", "mode", "ordering_key", "ordered_keys_in_flight", "ordered_waiting", "oldest_ordered_wait")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -333,6 +335,10 @@ class GetQueueResponse(_message.Message):
     MAX_DELIVERIES_FIELD_NUMBER: _ClassVar[int]
     DROP_EXPIRED_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
+    ORDERING_KEY_FIELD_NUMBER: _ClassVar[int]
+    ORDERED_KEYS_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    ORDERED_WAITING_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_ORDERED_WAIT_FIELD_NUMBER: _ClassVar[int]
     queue: str
     count: int
     ttl: _duration_pb2.Duration
@@ -347,7 +353,11 @@ class GetQueueResponse(_message.Message):
     max_deliveries: int
     drop_expired: bool
     mode: str
-    def __init__(self, queue: _Optional[str] = ..., count: _Optional[int] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., last_id: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ..., pending: _Optional[int] = ..., delayed: _Optional[int] = ..., dead_letters: _Optional[int] = ..., paused: _Optional[bool] = ..., rate_limit: _Optional[_Union[RateLimit, _Mapping]] = ..., key_rate_limit: _Optional[_Union[RateLimit, _Mapping]] = ..., max_deliveries: _Optional[int] = ..., drop_expired: _Optional[bool] = ..., mode: _Optional[str] = ...) -> None: ...
+    ordering_key: str
+    ordered_keys_in_flight: int
+    ordered_waiting: int
+    oldest_ordered_wait: _duration_pb2.Duration
+    def __init__(self, queue: _Optional[str] = ..., count: _Optional[int] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., last_id: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ..., pending: _Optional[int] = ..., delayed: _Optional[int] = ..., dead_letters: _Optional[int] = ..., paused: _Optional[bool] = ..., rate_limit: _Optional[_Union[RateLimit, _Mapping]] = ..., key_rate_limit: _Optional[_Union[RateLimit, _Mapping]] = ..., max_deliveries: _Optional[int] = ..., drop_expired: _Optional[bool] = ..., mode: _Optional[str] = ..., ordering_key: _Optional[str] = ..., ordered_keys_in_flight: _Optional[int] = ..., ordered_waiting: _Optional[int] = ..., oldest_ordered_wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class UpdateQueueMetadataRequest(_message.Message):
     __slots__ = ("queue", "metadata")
@@ -409,7 +419,7 @@ class ListQueuesResponse(_message.Message):
     def __init__(self, queues: _Optional[_Iterable[_Union[QueueSummary, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., total: _Optional[int] = ...) -> None: ...
 
 class QueueSummary(_message.Message):
-    __slots__ = ("queue", "shard", "count", "ready", "pending", "oldest_pending", "consumers", "attachments", "delayed", "dead_letters", "last_id", "delivered", "mode", "paused", "ttl", "rate_limit", "key_rate_limit")
+    __slots__ = ("queue", "shard", "count", "ready", "pending", "oldest_pending", "consumers", "attachments", "delayed", "dead_letters", "last_id", "delivered", "mode", "paused", "ttl", "rate_limit", "key_rate_limit", "ordering_key", "ordered_keys_in_flight", "ordered_waiting")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     SHARD_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -427,6 +437,9 @@ class QueueSummary(_message.Message):
     TTL_FIELD_NUMBER: _ClassVar[int]
     RATE_LIMIT_FIELD_NUMBER: _ClassVar[int]
     KEY_RATE_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    ORDERING_KEY_FIELD_NUMBER: _ClassVar[int]
+    ORDERED_KEYS_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    ORDERED_WAITING_FIELD_NUMBER: _ClassVar[int]
     queue: str
     shard: str
     count: int
@@ -444,7 +457,10 @@ class QueueSummary(_message.Message):
     ttl: _duration_pb2.Duration
     rate_limit: RateLimit
     key_rate_limit: RateLimit
-    def __init__(self, queue: _Optional[str] = ..., shard: _Optional[str] = ..., count: _Optional[int] = ..., ready: _Optional[int] = ..., pending: _Optional[int] = ..., oldest_pending: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., consumers: _Optional[int] = ..., attachments: _Optional[int] = ..., delayed: _Optional[int] = ..., dead_letters: _Optional[int] = ..., last_id: _Optional[int] = ..., delivered: _Optional[int] = ..., mode: _Optional[str] = ..., paused: _Optional[bool] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., rate_limit: _Optional[_Union[RateLimit, _Mapping]] = ..., key_rate_limit: _Optional[_Union[RateLimit, _Mapping]] = ...) -> None: ...
+    ordering_key: str
+    ordered_keys_in_flight: int
+    ordered_waiting: int
+    def __init__(self, queue: _Optional[str] = ..., shard: _Optional[str] = ..., count: _Optional[int] = ..., ready: _Optional[int] = ..., pending: _Optional[int] = ..., oldest_pending: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., consumers: _Optional[int] = ..., attachments: _Optional[int] = ..., delayed: _Optional[int] = ..., dead_letters: _Optional[int] = ..., last_id: _Optional[int] = ..., delivered: _Optional[int] = ..., mode: _Optional[str] = ..., paused: _Optional[bool] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., rate_limit: _Optional[_Union[RateLimit, _Mapping]] = ..., key_rate_limit: _Optional[_Union[RateLimit, _Mapping]] = ..., ordering_key: _Optional[str] = ..., ordered_keys_in_flight: _Optional[int] = ..., ordered_waiting: _Optional[int] = ...) -> None: ...
 
 class BrowseQueueRequest(_message.Message):
     __slots__ = ("queue", "from_id", "to_id", "follow")
