@@ -42,6 +42,9 @@ class Overview:
                     "pushed": q.last_id,
                     "mode": q.mode,
                     "paused": q.paused,
+                    "ordering": q.ordering,
+                    "ordered_keys_in_flight": q.ordered_keys_in_flight,
+                    "ordered_waiting": q.ordered_waiting,
                     "push_rate": rates.get(q.name, (0.0, 0.0))[0],
                     "deliver_rate": rates.get(q.name, (0.0, 0.0))[1],
                 }

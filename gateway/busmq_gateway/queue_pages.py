@@ -12,6 +12,7 @@ address and what changed.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -80,6 +81,10 @@ class QueuePages:
                 if limit is None
                 else {"limit": limit.limit, "per_seconds": limit.per_seconds},
                 "max_deliveries": info.max_deliveries,
+                "ordering": info.ordering,
+                "ordering_state": None
+                if info.ordering_state is None
+                else dataclasses.asdict(info.ordering_state),
                 "history_interval": self.history.interval,
                 "history": self.history.queue(name),
             }

@@ -23,6 +23,11 @@ QUEUE_COLUMNS = (
 def _controls(stats: QueueStats) -> str:
     parts = ["paused"] if stats.paused else []
     parts += [rate(limit) for limit in (stats.rate_limit, stats.key_rate_limit) if limit]
+    if stats.ordering:
+        parts.append(
+            f"ordered by {stats.ordering} ({stats.ordered_keys_in_flight} keys in flight, "
+            f"{stats.ordered_waiting} waiting)"
+        )
     return ", ".join(parts)
 
 
@@ -74,6 +79,7 @@ async def inspect(admin: Admin, out: Output, args: argparse.Namespace) -> int:
         ("per-key rate limit", _limit_text(stats["key_rate_limit"])),
         ("max deliveries", stats["max_deliveries"]),
         ("expired messages", "dropped" if stats["drop_expired"] else "dead-lettered"),
+        ("ordered by", stats.get("ordering") or "-"),
         ("shard", stats["shard"]),
         *((f"metadata {key}", value) for key, value in sorted(metadata.items())),
     ]

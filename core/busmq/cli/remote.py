@@ -160,6 +160,9 @@ def _stats(summary: pb.QueueSummary) -> QueueStats:
         key_rate_limit=(
             _limit(summary.key_rate_limit) if summary.HasField("key_rate_limit") else None
         ),
+        ordering=summary.ordering_key or None,
+        ordered_keys_in_flight=summary.ordered_keys_in_flight,
+        ordered_waiting=summary.ordered_waiting,
     )
 
 

@@ -86,6 +86,7 @@ function renderOverview(data) {
       cell(rate(q.deliver_rate)), cell(q.pending), cell(seconds(q.oldest_pending_seconds)),
       cell(q.consumers), cell(q.delayed), cell(q.dead_letters, q.dead_letters > 0 ? "warn" : ""),
       cell(q.paused ? "paused" : (q.mode ?? "–"), q.paused ? "warn" : ""),
+      cell(q.ordering ? `${q.ordering}: ${q.ordered_keys_in_flight} in flight, ${q.ordered_waiting} waiting` : "–"),
     ],
   })), "no queues");
   document.getElementById("queue-count").textContent = `(${data.queues.length})`;
