@@ -31,8 +31,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .errors import RedisCommandError
-
 if TYPE_CHECKING:
     from .queue_store import QueueStore
 
@@ -61,23 +59,13 @@ def validate_header(header: str) -> str:
 
 
 async def set_ordering(queue: QueueStore, header: str | None) -> None:
-    """Order ``queue`` per the value of ``header`` (``None``: stop ordering; what waits
-    goes out at once, in stream order). See the module docstring."""
-    value = "" if header is None else validate_header(header)
-    try:
-        await queue.run(
-            lambda c: queue.bus.scripts.call(c, "order", queue.keys.all(), [value]),
-            idempotent=True,
-        )
-    except RedisCommandError as exc:
-        raise queue.script_error(exc) from None
+    """Order ``queue`` per the value of ``header`` (validated: :func:`validate_header`;
+    ``None``: stop ordering, what waits goes out at once, in stream order)."""
+    await queue.script("order", list(queue.keys.all()), ["" if header is None else header])
 
 
 async def read_state(queue: QueueStore) -> OrderingState:
-    held, waiting, age_ms = await queue.run(
-        lambda c: queue.bus.scripts.call(c, "order_stats", queue.keys.all(), []),
-        idempotent=True,
-    )
+    held, waiting, age_ms = await queue.script("order_stats", list(queue.keys.all()), [])
     return OrderingState(
         keys_in_flight=int(held),
         waiting=int(waiting),

@@ -96,6 +96,17 @@ async def key_count(server: RedisServer, name: str) -> int:
         await client.aclose()
 
 
+def complete_lines(path: Path) -> list[list[str]]:
+    """A worker's log (if it wrote one) as lines of words, up to a line a SIGKILL tore."""
+    lines = []
+    if path.exists():
+        for line in path.read_text().splitlines(keepends=True):
+            if not line.endswith("\n"):  # torn by a SIGKILL
+                break
+            lines.append(line.split())
+    return lines
+
+
 @dataclass
 class WorkerLog:
     """What a ``bus_worker.py consume`` process reported (complete lines only)."""
@@ -109,12 +120,7 @@ class WorkerLog:
     @classmethod
     def read(cls, path: Path) -> WorkerLog:
         log = cls()
-        if not path.exists():
-            return log
-        for line in path.read_text().splitlines(keepends=True):
-            if not line.endswith("\n"):  # torn by a SIGKILL
-                break
-            kind, *rest = line.split()
+        for kind, *rest in complete_lines(path):
             if kind == "C":
                 log.consumer = rest[0]
                 continue

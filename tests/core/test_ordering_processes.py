@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from busmq import Bus
-from tests.core.test_faults import reaped, spawn_worker, worker_settings
+from tests.core.test_faults import complete_lines, reaped, spawn_worker, worker_settings
 from tests.support.redis_server import RedisServer
 from tests.support.waiting import eventually
 
@@ -42,12 +42,7 @@ class OrderedLog:
     def read(cls, path: Path, died_at: float | None) -> OrderedLog:
         log = cls()
         open_runs: dict[int, Run] = {}
-        if not path.exists():
-            return log
-        for line in path.read_text().splitlines(keepends=True):
-            if not line.endswith("\n"):  # torn by a SIGKILL
-                break
-            kind, *rest = line.split()
+        for kind, *rest in complete_lines(path):
             if kind == "S":
                 run = Run(int(rest[0]), int(rest[1]), rest[2], float(rest[3]))
                 open_runs[run.id] = run

@@ -1,6 +1,7 @@
 -- Forward a delivery in one step: store messages in the target queue and ack the
 -- delivery in its source queue, both on this server (see busmq.forwarding).
--- KEYS: the target's info, stream, due, delayed; the source's QueueKeys.ack_keys. ARGV: [1] the delivery's id, then a push's arguments (see push_lib.lua).
+-- KEYS: the target's info, stream, due, delayed; the source's QueueKeys.ack_keys.
+-- ARGV: [1] the delivery's id, then a push's arguments (see push_lib.lua).
 -- Returns {first id, count}, or {-1, 0} when the delivery was not pending (settled
 -- already, here or by another consumer): nothing is stored then.
 local info, stream = KEYS[1], KEYS[2]

@@ -36,13 +36,16 @@ end
 local retried, promoted = {}, {}
 local announce = false -- the ordering made an entry due: wake every consumer
 local touched = false -- parked or blocked here: the keys that hold them live with the queue
--- The ordering key of an entry (its fields), or nil.
-local function key_of(fields)
+-- An entry's headers (its fields), decoded, or nil.
+local function headers_of(fields)
   local raw = field(fields, 'h')
-  if raw and raw ~= '' then
-    local value = cjson.decode(raw)[order]
-    if type(value) == 'string' then return value end
-  end
+  if raw and raw ~= '' then return cjson.decode(raw) end
+  return nil
+end
+-- The ordering key in decoded headers, or nil.
+local function order_key(headers)
+  local value = headers and headers[order]
+  if type(value) == 'string' then return value end
   return nil
 end
 if redis.call('EXISTS', q.due) == 1 then
@@ -67,7 +70,7 @@ if redis.call('EXISTS', q.due) == 1 then
       local claimed = redis.call('XCLAIM', q.stream, GROUP, consumer, 0, ref, 'RETRYCOUNT', count, 'FORCE')
       redis.call('HDEL', q.state, ref)
       if claimed[1] and claimed[1][2] then
-        local key = order and key_of(claimed[1][2])
+        local key = order and order_key(headers_of(claimed[1][2]))
         if key and not order_take(q, key, ref) then
           touched = true -- waits behind its key (parked before the ordering was set)
         else
@@ -114,12 +117,9 @@ if #entries > 0 and (conf[5] or conf[6] or order or conf[9]) then
     local sid, fields = entry[1], entry[2]
     local expires = conf[6] and field(fields, 'e')
     local later = conf[9] and field(fields, 'l')
-    local okey = order and key_of(fields)
-    local key
-    if header then
-      local raw = field(fields, 'h')
-      if raw and raw ~= '' then key = cjson.decode(raw)[header] end
-    end
+    local headers = (header or order) and headers_of(fields)
+    local okey = order and order_key(headers)
+    local key = header and headers and headers[header]
     if expires and tonumber(expires) <= now then
       if conf[7] then
         redis.call('XACK', q.stream, GROUP, sid)
@@ -192,7 +192,7 @@ if tokens then
 end
 local lean = 0
 if not (conf[2] or conf[5] or conf[6] or order or conf[9]) and wait == -1
-    and redis.call('EXISTS', q.due, q.alias, q.held) == 0 then
+    and redis.call('EXISTS', q.due, q.alias) == 0 then
   lean = 1
 end
 return {entries, retried, wait, lean}
