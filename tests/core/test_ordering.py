@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from busmq import Bus, Mode, OrderingError, scripts
+from busmq import Bus, Mode, OrderingError, RateLimit, scripts
 from tests.support.redis_server import RedisServer
 from tests.support.waiting import eventually, take
 
@@ -213,3 +214,55 @@ async def test_bad_input_gets_clear_errors(one_bus: Bus) -> None:
             pass
         with pytest.raises(OrderingError, match="replay"):
             await queue.set_ordering("k")
+
+
+async def test_forward_keeps_the_order_per_key_into_an_ordered_target(one_bus: Bus) -> None:
+    keys = [f"k{i}" for i in range(5)]
+    rng = random.Random(39)
+    batch = [rng.choice(keys) for _ in range(300)]
+    async with one_bus.queue("ordered-source") as source, one_bus.queue("ordered-sink") as sink:
+        await source.set_ordering("k")
+        await sink.set_ordering("k")
+        await source.push_batch([({"n": n}, {"k": k}) for n, k in enumerate(batch)])
+
+        async def stage() -> None:
+            async with source.consume(Mode.AT_LEAST_ONCE, prefetch=10) as consumer:
+                async for delivery in consumer:
+                    await asyncio.sleep(random.random() / 1000)
+                    await delivery.forward(sink, delivery.data, headers=dict(delivery.headers))
+
+        stages = [asyncio.create_task(stage()) for _ in range(3)]
+        got: dict[str, list[int]] = {}
+        async with sink.consume(Mode.AT_LEAST_ONCE, prefetch=50) as consumer:
+            async with asyncio.timeout(30):
+                async for delivery in consumer:  # acked as it comes: the sink is ordered too
+                    got.setdefault(delivery.headers["k"], []).append(delivery.data["n"])
+                    await delivery.ack()
+                    if sum(map(len, got.values())) == 300:
+                        break
+        for task in stages:
+            task.cancel()
+        await asyncio.gather(*stages, return_exceptions=True)
+    want: dict[str, list[int]] = {}
+    for n, k in enumerate(batch):
+        want.setdefault(k, []).append(n)
+    assert got == want
+
+
+async def test_a_per_key_rate_limit_still_applies_to_an_ordered_key(one_bus: Bus) -> None:
+    async with one_bus.queue("ordered-paced") as queue:
+        await queue.set_ordering("k")
+        await queue.set_rate_limit(RateLimit(5, 1.0, key="k"))
+        await queue.push_batch([(f"a{i}", {"k": "a"}) for i in range(10)] + [("b0", {"k": "b"})])
+        started = time.monotonic()
+        got: list[str] = []
+        async with queue.consume(Mode.AT_LEAST_ONCE) as consumer, asyncio.timeout(10):
+            async for delivery in consumer:
+                got.append(delivery.data)
+                await delivery.ack()
+                if len(got) == 11:
+                    break
+        elapsed = time.monotonic() - started
+    assert [g for g in got if g.startswith("a")] == [f"a{i}" for i in range(10)]
+    assert got.index("b0") < got.index("a5")  # b is not held back by a's budget
+    assert elapsed >= 0.9  # a's last 5 waited for tokens (5 per second, after a burst of 5)

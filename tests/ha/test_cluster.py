@@ -24,7 +24,7 @@ from busmq import (
 from busmq.cluster import ClusterShard
 from busmq.topology import parse_cluster_url
 from tests.conftest import fast_settings
-from tests.ha.scenarios import queue_channel_service_and_persistable
+from tests.ha.scenarios import ordered_per_key, queue_channel_service_and_persistable
 from tests.support.cluster import ClusterGroup
 from tests.support.gateway_process import gateway_and_remote_bus
 from tests.support.redis_server import RedisServer, free_port
@@ -202,6 +202,11 @@ async def test_queue_channel_service_and_persistable_on_a_cluster(
     cluster: ClusterGroup, make_bus: MakeBus
 ) -> None:
     await queue_channel_service_and_persistable(await make_bus([cluster.url]))
+
+
+async def test_ordering_per_key_on_a_cluster(cluster: ClusterGroup, make_bus: MakeBus) -> None:
+    overlaps, _ = await ordered_per_key(await make_bus([cluster.url]))
+    assert overlaps == []
 
 
 # -- failover -----------------------------------------------------------------------------
