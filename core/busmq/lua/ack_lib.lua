@@ -36,14 +36,14 @@ local function ack_forget(a, acked)
     redis.call('XDEL', a.stream, unpack(acked, i, math.min(i + 999, #acked)))
   end
   if #acked == 0 then return end
-  local present = redis.call('EXISTS', a.state, a.held)
-  if present == 0 then return end
-  local promoted = false
-  for _, sid in ipairs(acked) do
-    redis.call('HDEL', a.state, sid, 'f:' .. sid, 'e:' .. sid, 'l:' .. sid, 'w:' .. sid)
-    promoted = order_settled(a, sid) or promoted
+  if redis.call('EXISTS', a.state) == 1 then
+    for _, sid in ipairs(acked) do
+      redis.call('HDEL', a.state, sid, 'f:' .. sid, 'e:' .. sid, 'l:' .. sid, 'w:' .. sid)
+    end
   end
-  if promoted then announce_parked(a) end
+  if redis.call('EXISTS', a.held) == 1 and order_settled_all(a, acked) then -- ordered per key
+    announce_parked(a)
+  end
 end
 
 -- The stream id under which message id is pending or parked (unsettled), or nil.

@@ -77,10 +77,11 @@ end
 local function position(sid) return tonumber(string.match(sid, '^(%d+)')) end
 
 -- Ordering per key (see busmq/ordering.py). `held`: 's:<sid>' -> key for every entry of
--- an ordered key seen and not settled, 'k:<key>' -> the sid that holds the key (the one
--- delivery of the key that may be in flight). `blocked`: the entries waiting for their
--- key, all scored 0 so that they sort by member: the key's length (5 digits), the key,
--- then the padded stream id; a key's waiting entries are one range, in stream order.
+-- an ordered key seen and not settled; 'k:<key>' -> the sid that holds the key (the one
+-- delivery of the key that may be in flight), then ' <n>' when n entries wait for it.
+-- `blocked`: the entries waiting for their key, all scored 0 so that they sort by member:
+-- the key's length (5 digits), the key, then the padded stream id; a key's waiting
+-- entries are one range, in stream order.
 local function key_prefix(key) return string.format('%05d', #key) .. key end
 
 local function wait_member(key, sid)
@@ -95,47 +96,134 @@ local function member_sid(member)
   return a .. '-' .. b
 end
 
--- May entry sid (pending for a consumer) of key go out now? It takes the key if no one
--- holds it; else it leaves the pending list and waits its turn in `blocked`.
-local function order_take(q, key, sid)
-  local holder = redis.call('HGET', q.held, 'k:' .. key)
-  if holder == sid then return true end
-  redis.call('HSET', q.held, 's:' .. sid, key)
-  if not holder then
-    redis.call('HSET', q.held, 'k:' .. key, sid)
-    return true
-  end
-  redis.call('XACK', q.stream, GROUP, sid)
-  redis.call('ZADD', q.blocked, 0, wait_member(key, sid))
-  redis.call('ZADD', q.parked, position(sid), sid)
-  return false
+-- A key's holder and how many wait for it, from its 'k:' value (nil: none holds it).
+local function holding(value)
+  if not value then return nil, 0 end
+  local holder, waiting = string.match(value, '^(%S+) (%d+)$')
+  if holder then return holder, tonumber(waiting) end
+  return value, 0
 end
 
--- Entry sid is settled (acked, dead-lettered, expired, gone): if it held its key, the
--- key's next waiting entry takes it and is due at once ('o:<sid>' in `due`, read.lua
--- hands it out ahead of new messages); if it was waiting, it waits no more. Returns true
--- when an entry was made due (the caller announces it: announce_parked).
--- o: a table with the held, blocked, due keys.
-local function order_settled(o, sid)
-  local key = redis.call('HGET', o.held, 's:' .. sid)
-  if not key then return false end
-  redis.call('HDEL', o.held, 's:' .. sid)
-  if redis.call('HGET', o.held, 'k:' .. key) ~= sid then
-    redis.call('ZREM', o.blocked, wait_member(key, sid))
-    return false
-  end
-  local prefix = key_prefix(key)
-  local nxt = redis.call('ZRANGEBYLEX', o.blocked, '[' .. prefix, '[' .. prefix .. '\255', 'LIMIT', 0, 1)[1]
-  if not nxt then
-    redis.call('HDEL', o.held, 'k:' .. key)
-    return false
-  end
-  redis.call('ZREM', o.blocked, nxt)
-  local next_sid = member_sid(nxt)
-  redis.call('HSET', o.held, 'k:' .. key, next_sid)
-  redis.call('ZADD', o.due, position(next_sid), 'o:' .. next_sid)
-  return true
+local function held_value(holder, waiting)
+  if waiting > 0 then return holder .. ' ' .. waiting end
+  return holder
 end
+
+-- Taking keys for the entries of one read (read.lua): the holders of their keys read in
+-- one call (prefetch), the writes made in one at the end (flush). A settlement in
+-- between writes to Redis itself: flush first (which also forgets what was read).
+-- take(key, sid): may entry sid (pending for a consumer) of key go out now? It takes the
+-- key if no one holds it; else it leaves the pending list and waits its turn in `blocked`.
+local function order_taker(q)
+  local t = {cache = {}, sets = {}}
+  function t.prefetch(keys)
+    if #keys == 0 then return end
+    local fields = {}
+    for i, key in ipairs(keys) do fields[i] = 'k:' .. key end
+    local values = redis.call('HMGET', q.held, unpack(fields))
+    for i, key in ipairs(keys) do t.cache[key] = values[i] end
+  end
+  function t.flush()
+    if #t.sets > 0 then redis.call('HSET', q.held, unpack(t.sets)) end
+    t.sets, t.cache = {}, {}
+  end
+  function t.take(key, sid)
+    local value = t.cache[key]
+    if value == nil then value = redis.call('HGET', q.held, 'k:' .. key) end
+    local holder, waiting = holding(value)
+    if holder == sid then return true end
+    local sets = t.sets
+    value = holder and held_value(holder, waiting + 1) or sid
+    t.cache[key] = value
+    sets[#sets + 1] = 's:' .. sid; sets[#sets + 1] = key
+    sets[#sets + 1] = 'k:' .. key; sets[#sets + 1] = value
+    if not holder then return true end
+    redis.call('XACK', q.stream, GROUP, sid)
+    redis.call('ZADD', q.blocked, 0, wait_member(key, sid))
+    redis.call('ZADD', q.parked, position(sid), sid)
+    return false
+  end
+  return t
+end
+
+local function order_take(q, key, sid)
+  local taker = order_taker(q)
+  local free = taker.take(key, sid)
+  taker.flush()
+  return free
+end
+
+-- Entries sids are settled (acked, dead-lettered, expired, gone): each that held its key
+-- hands it to the key's next waiting entry, made due at once ('o:<sid>' in `due`: read.lua
+-- hands it out ahead of new messages); each that was waiting waits no more. A few calls
+-- for the whole batch, and one more per key that has waiting entries. Returns true when
+-- an entry was made due (the caller announces it: announce_parked).
+-- o: a table with the held, blocked, due keys.
+local function order_settled_all(o, sids)
+  local promoted = false
+  for at = 1, #sids, 1000 do
+    local batch = {unpack(sids, at, math.min(at + 999, #sids))}
+    local fields = {}
+    for i, sid in ipairs(batch) do fields[i] = 's:' .. sid end
+    local keys = redis.call('HMGET', o.held, unpack(fields))
+    local seen, key_fields = {}, {}
+    for i = 1, #batch do
+      local key = keys[i]
+      if key then
+        seen[#seen + 1] = {batch[i], key}
+        key_fields[#key_fields + 1] = 'k:' .. key
+      end
+    end
+    if #seen > 0 then
+      local values = redis.call('HMGET', o.held, unpack(key_fields))
+      local drop, state = {}, {}
+      for i, pair in ipairs(seen) do
+        local sid, key = pair[1], pair[2]
+        drop[#drop + 1] = 's:' .. sid
+        local current = state[key]
+        if not current then
+          local holder, waiting = holding(values[i])
+          current = {holder = holder, waiting = waiting, freed = false}
+          state[key] = current
+        end
+        if current.holder == sid then
+          current.freed = true
+        elseif redis.call('ZREM', o.blocked, wait_member(key, sid)) == 1 then
+          current.waiting = current.waiting - 1 -- settled while it waited
+        end
+      end
+      local set = {}
+      for key, current in pairs(state) do
+        local holder = current.holder
+        if current.freed then
+          holder = nil
+          if current.waiting > 0 then
+            local prefix = key_prefix(key)
+            local nxt = redis.call('ZRANGEBYLEX', o.blocked, '[' .. prefix, '[' .. prefix .. '\255', 'LIMIT', 0, 1)[1]
+            if nxt then
+              redis.call('ZREM', o.blocked, nxt)
+              holder = member_sid(nxt)
+              current.waiting = current.waiting - 1
+              redis.call('ZADD', o.due, position(holder), 'o:' .. holder)
+              promoted = true
+            end
+          end
+        end
+        if holder then
+          set[#set + 1] = 'k:' .. key
+          set[#set + 1] = held_value(holder, math.max(current.waiting, 0))
+        else
+          drop[#drop + 1] = 'k:' .. key
+        end
+      end
+      redis.call('HDEL', o.held, unpack(drop))
+      if #set > 0 then redis.call('HSET', o.held, unpack(set)) end
+    end
+  end
+  return promoted
+end
+
+local function order_settled(o, sid) return order_settled_all(o, {sid}) end
 
 -- The stream id of message id (a delayed message is stored under a later position).
 local function stream_id_of(q, id)

@@ -113,14 +113,28 @@ if #entries > 0 and (conf[5] or conf[6] or order or conf[9]) then
     klimit, kper = tonumber(klimit), tonumber(kper)
   end
   local kept, tokens_of = {}, {}
+  local decoded, taker = {}, order and order_taker(q)
+  if header or order then
+    local keys, listed = {}, {}
+    for i, entry in ipairs(entries) do
+      decoded[i] = headers_of(entry[2]) or false
+      local okey = order and order_key(decoded[i] or nil)
+      if okey and not listed[okey] then
+        listed[okey] = true
+        keys[#keys + 1] = okey
+      end
+    end
+    if taker then taker.prefetch(keys) end
+  end
   for i, entry in ipairs(entries) do
     local sid, fields = entry[1], entry[2]
     local expires = conf[6] and field(fields, 'e')
     local later = conf[9] and field(fields, 'l')
-    local headers = (header or order) and headers_of(fields)
+    local headers = decoded[i] or nil
     local okey = order and order_key(headers)
     local key = header and headers and headers[header]
     if expires and tonumber(expires) <= now then
+      if taker then taker.flush() end -- the settlement below reads and writes `held`
       if conf[7] then
         redis.call('XACK', q.stream, GROUP, sid)
         redis.call('XDEL', q.stream, sid)
@@ -128,7 +142,7 @@ if #entries > 0 and (conf[5] or conf[6] or order or conf[9]) then
       else
         announce = dead_letter(q, dq, name, sid, fields, 'expired', 0, now, nil, nil) or announce
       end
-    elseif okey and not order_take(q, okey, sid) then
+    elseif okey and not taker.take(okey, sid) then
       touched = true -- waits in `blocked` for its key
     elseif later and tonumber(later) > now then
       -- Holds its key (taken above) and its place until due; then a first delivery.
@@ -162,6 +176,7 @@ if #entries > 0 and (conf[5] or conf[6] or order or conf[9]) then
     end
   end
   entries = kept
+  if taker then taker.flush() end
   for key, have in pairs(tokens_of) do redis.call('HSET', q.buckets, key, have .. ' ' .. now) end
   if conf[5] then
     local pttl = redis.call('PTTL', q.info)
