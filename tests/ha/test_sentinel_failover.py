@@ -197,12 +197,15 @@ async def test_the_readme_loops_ride_through_ten_sentinel_failovers(
 
 
 @pytest.mark.slow
-async def test_ordering_per_key_holds_across_a_sentinel_failover(
+async def test_ordered_keys_keep_push_order_and_lose_nothing_across_a_sentinel_failover(
     sentinel_group: SentinelGroup, make_bus: MakeBus
 ) -> None:
     # The ordering's state is queue data changed by the queue's scripts: the promoted
-    # replica carries it. What the old master did and did not replicate comes again
-    # (at-least-once), after the visibility timeout, long after a 1 ms handler ended.
+    # replica carries it as far as it was replicated. What the old master did and did not
+    # replicate comes again (at-least-once): per key, first handlings stay in push order
+    # and nothing is lost (ordered_per_key asserts both). A delivery the old master made
+    # and the replica never saw is not known to hold its key on the new master, so a
+    # later message of that key may start beside its handler: counted, not excluded.
     bus = await make_bus([sentinel_group.url], durability="replicas=1")
 
     async def failover() -> None:
@@ -211,5 +214,4 @@ async def test_ordering_per_key_holds_across_a_sentinel_failover(
         await sentinel_group.wait_replicas_linked()
 
     overlaps, redelivered = await ordered_per_key(bus, failover)
-    assert overlaps == []
-    print(f"\nordered across a failover: {redelivered} redeliveries")
+    print(f"\nordered across a failover: {redelivered} redeliveries, overlaps {overlaps}")
