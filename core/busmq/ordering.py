@@ -11,8 +11,9 @@ without the header are not ordered and never wait. No partition count is chosen 
 and nothing rebalances: a key is held by a delivery, not by a consumer.
 
 The state lives beside the queue's stream, changed only by the queue's Lua scripts, so
-it holds across consumer crashes, Redis restarts (AOF) and failovers, on a cluster (one
-hash tag) and for a consumer in another datacenter reading through a gateway:
+it holds across consumer crashes and Redis restarts (AOF), on a cluster (one hash tag)
+and for a consumer in another datacenter reading through a gateway; across a failover,
+see "Failover" under "Ordering per key" in docs/design.md:
 
 - ``held`` (a hash): for each key with a delivery in flight, the stream entry holding it.
 - ``blocked`` (a sorted set, all scores 0, so sorted by member): the entries waiting for
