@@ -11,23 +11,16 @@ persistence), in one run:
    the machine's drift hits all alike; the ratio is against plain in the same round.
 2. **Delayed lateness**: messages pushed with delays so that ``--due-rate`` (5,000) fall
    due per second for ``--seconds``; lateness = delivery time - due time, p50/p99.
-3. **Ordering per key**: ``ordered`` in the flood above is a queue ordered per header
-   ``customer``, each message of one of ``--keys`` (10,000) keys at random; ``keyed`` is
-   the same messages on a queue that is not ordered. Then paced at
-   ``--ordered-rate`` (5,000 msg/s over the same keys, ``--consumers`` consumers): plain
-   against ordered, and ordered with a hot key (as many messages again, all of one key):
-   the other keys' delivered rate and latency from push to delivery, p50/p99/p99.9.
-   ``--only ordering`` runs the plain, key-limit, keyed and ordered floods and this item
-   alone.
-4. **Rate accuracy**: a queue with a limit of 10, 1,000 and 50,000 msg/s, a full backlog
+3. **Rate accuracy**: a queue with a limit of 10, 1,000 and 50,000 msg/s, a full backlog
    and two consumers; delivered rate over ``--seconds`` against the limit (the initial
    burst of one window excluded).
+
+Ordering per key has its own bench: ``bench/ordering_bench.py``.
 
 Usage::
 
     .venv/bin/python bench/controls_bench.py             # about a minute and a half
     .venv/bin/python bench/controls_bench.py --seconds 3 --rounds 1
-    .venv/bin/python bench/controls_bench.py --only ordering --consumers 4
 """
 
 from __future__ import annotations
@@ -35,7 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import random
 import statistics
 import time
 from collections.abc import Iterator, Sequence
@@ -43,26 +35,11 @@ from collections.abc import Iterator, Sequence
 from _redis import local_redis  # bench/ is sys.path[0]
 from busmq import Bus, BusSettings, Mode, Queue, RateLimit, RetryPolicy
 
-CONTROLS = ("plain", "dlq+retry", "rate-limit", "key-limit", "ttl", "keyed", "ordered")
-
-
-def keyed_batches(
-    keys: int, size: int, hot: bool = False
-) -> list[list[tuple[bytes, dict[str, str]]]]:
-    """50 batches of ``size`` messages, each of one of ``keys`` keys at random (with
-    ``hot``, as many messages again of key ``hot``)."""
-    rng = random.Random(39)
-    batches = []
-    for _ in range(50):
-        batch = [(b"x" * 32, {"customer": str(rng.randrange(keys))}) for _ in range(size)]
-        if hot:
-            batch += [(b"h" * 32, {"customer": "hot"})] * size
-        batches.append(batch)
-    return batches
+CONTROLS = ("plain", "dlq+retry", "rate-limit", "key-limit", "ttl")
 
 
 async def configure(
-    queue: Queue, control: str, keys: int
+    queue: Queue, control: str
 ) -> tuple[Iterator[Sequence[object]], dict[str, float], dict[str, object]]:
     """Turn ``control`` on for ``queue``: the batches to push, the push and consume options."""
     headers = None
@@ -78,22 +55,16 @@ async def configure(
         headers = {"tenant": "acme"}
     elif control == "ttl":
         push_options = {"ttl": 600.0}
-    elif control == "ordered":
-        await queue.set_ordering("customer")
-    if control in ("keyed", "ordered"):
-        return itertools.cycle(keyed_batches(keys, 200)), push_options, consume_options
     payload = b"x" * 32
     batch = [payload if headers is None else (payload, headers) for _ in range(200)]
     return itertools.repeat(batch), push_options, consume_options
 
 
-async def flood(
-    bus: Bus, control: str, seconds: float, consumers: int, tag: str, keys: int
-) -> float:
+async def flood(bus: Bus, control: str, seconds: float, consumers: int, tag: str) -> float:
     """Messages per second consumed and acked at-least-once with ``control`` on."""
     queue = bus.queue(f"flood-{control.replace('+', '-')}-{tag}")
     await queue.attach()
-    batches, push_options, consume_options = await configure(queue, control, keys)
+    batches, push_options, consume_options = await configure(queue, control)
     consumed = 0
 
     async def produce() -> None:
@@ -154,86 +125,6 @@ async def lateness(bus: Bus, due_rate: int, seconds: float) -> tuple[float, floa
     return late[len(late) // 2] * 1000, late[int(len(late) * 0.99)] * 1000, early
 
 
-def _ms(ordered: Sequence[float], q: float) -> float:
-    return ordered[min(int(len(ordered) * q), len(ordered) - 1)] * 1000
-
-
-async def paced(
-    bus: Bus, ordered: bool, hot: bool, rate: float, seconds: float, consumers: int, keys: int
-) -> tuple[float, float, float, float]:
-    """``rate`` msg/s over ``keys`` keys (with ``hot``, as many again of one key): the other
-    keys' delivered msg/s and latency from push to delivery, p50/p99/p99.9 in ms."""
-    queue = bus.queue(f"paced-{int(ordered)}{int(hot)}")
-    await queue.attach()
-    if ordered:
-        await queue.set_ordering("customer")
-    tick = 0.005
-    batches = itertools.cycle(keyed_batches(keys, max(1, round(rate * tick)), hot))
-    pushed: dict[int, float] = {}
-    latencies: list[float] = []
-
-    async def produce() -> None:
-        loop = asyncio.get_running_loop()
-        next_at = loop.time()
-        while True:
-            now = time.perf_counter()
-            batch = next(batches)
-            for message_id, (_, headers) in zip(await queue.push_batch(batch), batch, strict=True):
-                if headers["customer"] != "hot":
-                    pushed[message_id] = now
-            next_at += tick
-            await asyncio.sleep(max(0.0, next_at - loop.time()))
-
-    async def consume() -> None:
-        async with queue.consume(Mode.AT_LEAST_ONCE, prefetch=100) as c:
-            while True:
-                deliveries = await c.next_batch()
-                now = time.perf_counter()
-                latencies.extend(now - pushed.pop(d.id) for d in deliveries if d.id in pushed)
-                await queue.ack(*(d.id for d in deliveries))
-
-    tasks = [asyncio.create_task(produce())]
-    tasks += [asyncio.create_task(consume()) for _ in range(consumers)]
-    await asyncio.sleep(1.0)  # warm-up
-    latencies.clear()
-    start = time.perf_counter()
-    await asyncio.sleep(seconds)
-    measured, elapsed = sorted(latencies), time.perf_counter() - start
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-    await queue.close()
-    rate_seen = len(measured) / elapsed
-    return rate_seen, _ms(measured, 0.5), _ms(measured, 0.99), _ms(measured, 0.999)
-
-
-async def ordering_runs(bus: Bus, args: argparse.Namespace) -> None:
-    runs = {"plain": (False, False), "ordered": (True, False), "ordered, hot key": (True, True)}
-    figures: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name in runs}
-    for _ in range(args.rounds):  # interleaved, so drift hits all alike
-        for name, (ordered, hot) in runs.items():
-            run = await paced(
-                bus, ordered, hot, args.ordered_rate, args.seconds, args.consumers, args.keys
-            )
-            figures[name].append(run)
-    print(
-        f"paced {args.ordered_rate:,.0f} msg/s over {args.keys:,} keys, {args.consumers} "
-        f"consumers, medians of {args.rounds} (hot key: as many messages again, of one key); "
-        "the other keys' figures:"
-    )
-    medians = {
-        name: tuple(statistics.median(r[i] for r in runs_) for i in range(4))
-        for name, runs_ in figures.items()
-    }
-    for name, (got, p50, p99, p999) in medians.items():
-        against = medians["ordered" if name.endswith("hot key") else "plain"]
-        print(
-            f"  {name:<17} {got:>8,.0f} msg/s ({got / against[0]:4.2f}x)  p50 {p50:5.2f} ms "
-            f"({p50 / against[1]:4.2f}x)  p99 {p99:6.2f} ms ({p99 / against[2]:4.2f}x)  "
-            f"p99.9 {p999:6.2f} ms ({p999 / against[3]:4.2f}x)"
-        )
-
-
 async def rate_accuracy(bus: Bus, limit: int, seconds: float) -> float:
     """Delivered msg/s across two consumers, over ``limit``, after the first burst."""
     queue = bus.queue(f"paced-{limit}")
@@ -269,28 +160,21 @@ async def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=3, help="flood rounds (medians reported)")
     p.add_argument("--consumers", type=int, default=2)
     p.add_argument("--due-rate", type=int, default=5000)
-    p.add_argument("--keys", type=int, default=10_000, help="ordering keys")
-    p.add_argument("--ordered-rate", type=float, default=5000.0)
-    p.add_argument("--only", choices=("ordering",), help="only the ordering figures (item 3)")
     args = p.parse_args(argv)
-    controls = ("plain", "key-limit", "keyed", "ordered") if args.only else CONTROLS
     with local_redis() as redis:
         settings = BusSettings(redis_urls=(redis.url,))
         async with Bus(settings) as bus:
-            rates: dict[str, list[float]] = {c: [] for c in controls}
+            rates: dict[str, list[float]] = {c: [] for c in CONTROLS}
             for round_ in range(args.rounds):
-                for control in controls:
+                for control in CONTROLS:
                     tag = str(round_)
-                    rate = await flood(bus, control, args.seconds, args.consumers, tag, args.keys)
+                    rate = await flood(bus, control, args.seconds, args.consumers, tag)
                     rates[control].append(rate)
             print(f"flood, at-least-once, {args.consumers} consumers, medians of {args.rounds}")
             plain = statistics.median(rates["plain"])
-            for control in controls:
+            for control in CONTROLS:
                 median = statistics.median(rates[control])
                 print(f"  {control:<11} {median:>10,.0f} msg/s  {median / plain:5.2f}x plain")
-            await ordering_runs(bus, args)
-            if args.only:
-                return
             p50, p99, early = await lateness(bus, args.due_rate, args.seconds)
             print(
                 f"delayed delivery at {args.due_rate:,} due/s: lateness p50 {p50:.1f} ms, "

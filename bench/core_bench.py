@@ -57,6 +57,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+import ordering_bench  # bench/ is sys.path[0]
 from _redis import (  # bench/ is sys.path[0]
     LocalRedis,
     RedisTarget,
@@ -71,14 +72,14 @@ except ImportError:  # pragma: no cover
     Durability = None  # type: ignore[assignment,misc]
 
 STAMP = struct.Struct("<qq")  # send time (perf_counter_ns), per-queue sequence number
-SCENARIOS = ("amo", "alo", "rate")
+SCENARIOS = ("amo", "alo", "rate", "ordered")
 IMPLS = ("busmq", "baseline", "node")
 NODE_DIR = Path(__file__).resolve().parent / "node"  # the Node.js busmq (npm ci there)
 TITLES = {
     "amo": "at-most-once flood",
     "alo": "at-least-once flood",
     "rate": "at-most-once @ fixed rate",
-}
+}  # ordered: bench/ordering_bench.py prints its own table
 TARGETS = {"amo": 100_000.0, "alo": 50_000.0}  # consumed/s
 TARGET_RATE_P99_MS = 1.5
 GROUP = "bench"
@@ -899,7 +900,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--queues", type=int, default=100)
     p.add_argument("--size", type=int, default=32, help="message bytes (>= 16)")
     p.add_argument("--rate", type=float, default=5000.0, help="total msg/s of the rate run")
-    p.add_argument("--modes", default="amo,alo,rate", help="comma list of amo, alo, rate")
+    p.add_argument(
+        "--modes",
+        default="amo,alo,rate",
+        help="comma list of amo, alo, rate, ordered (ordering per key: bench/ordering_bench.py "
+        "with --seconds, --warmup, --rate, --batch and --prefetch of this run)",
+    )
     p.add_argument(
         "--rate-rounds", type=int, default=3, help="interleaved rounds of the fixed rate (medians)"
     )
@@ -945,6 +951,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="SECONDS",
         help="before each run, wait up to this long for the rest of the machine to go quiet",
     )
+    ordering_bench.add_arguments(p, prefix="ordered-")
     p.add_argument("--json", type=Path, help="also write the results here")
     p.add_argument("--render", type=Path, help="only print the table of a saved --json file")
     p.add_argument("--verbose", action="store_true", help="progress lines on stderr")
@@ -1025,9 +1032,14 @@ async def main_async(args: argparse.Namespace) -> list[Result]:
         tracing=args.tracing,
     )
     results: list[Result] = []
+    ordered = ""
     with local_redis() as server:
         print(f"redis-server pid {server.pid} on port {server.port}", file=sys.stderr)
         for scenario in args.modes:
+            if scenario == "ordered":  # its own workload and table (bench/ordering_bench.py)
+                print("running busmq ordered ...", file=sys.stderr, flush=True)
+                ordered = await ordering_bench.run(server.url, ordering_arguments(args))
+                continue
             rounds: dict[str, list[Result]] = {}
             # A fixed rate's tail varies from run to run: interleaved rounds, medians.
             for _ in range(args.rate_rounds if scenario == "rate" else 1):
@@ -1037,8 +1049,28 @@ async def main_async(args: argparse.Namespace) -> list[Result]:
             results += [median_result(runs) for runs in rounds.values()]
             if args.json:  # after every scenario, so a crash or hang loses little
                 _save(args.json, config, results)
-    print(report(config, results))
+    if results:
+        print(report(config, results))
+    if ordered:
+        print(ordered)
     return results
+
+
+def ordering_arguments(args: argparse.Namespace) -> argparse.Namespace:
+    """This run's options as ``ordering_bench`` takes them (its backlog cap: 200 batches)."""
+    return argparse.Namespace(
+        seconds=args.seconds,
+        warmup=args.warmup,
+        rate=args.rate,
+        batch=args.batch,
+        prefetch=args.prefetch,
+        window=200 * args.batch,
+        keys=args.keys,
+        consumers=args.consumers,
+        producers=args.producers,
+        drain=args.drain,
+        rounds=args.rounds,
+    )
 
 
 def _save(path: Path, config: Config, results: list[Result]) -> None:

@@ -264,6 +264,7 @@ def _parse(name: str, shard: str, replies: list[Any]) -> QueueStats | None:
         rate_limit=RateLimit.decode(conf[3]),
         key_rate_limit=RateLimit.decode(conf[4]),
         ordering=conf[5].decode() if isinstance(conf[5], bytes) else None,
+        # two fields per key held, one per waiting entry, maybe a pin (lua/prelude.lua)
         ordered_keys_in_flight=max(_int(held) - _int(waiting), 0) // 2,
         ordered_waiting=_int(waiting),
     )

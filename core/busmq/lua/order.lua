@@ -31,7 +31,7 @@ if header ~= '' and conf[1] ~= header then
       local raw = entry and field(entry[2], 'h')
       local key = raw and raw ~= '' and cjson.decode(raw)[header]
       if type(key) == 'string' and redis.call('HEXISTS', q.held, 'k:' .. key) == 0 then
-        redis.call('HSET', q.held, 'k:' .. key, p[1], 's:' .. p[1], key)
+        redis.call('HSET', q.held, HELD_PIN, HELD_PIN_VALUE, 'k:' .. key, p[1], 's:' .. p[1], key)
       end
     end
     if #pending < 1000 then break end

@@ -3,7 +3,8 @@
 -- their key, age in ms of the oldest waiting message or -1}.
 local q = queue_keys(KEYS, 1)
 local waiting = redis.call('ZCARD', q.blocked)
-local held = (redis.call('HLEN', q.held) - waiting) / 2
+-- Two fields per key held, one per waiting entry, and maybe the '~' pin (prelude.lua).
+local held = math.floor((redis.call('HLEN', q.held) - waiting) / 2)
 local age = -1
 if waiting > 0 then
   -- Waiting entries are parked, and not due (a retry or a key's turn is in `due`).
@@ -16,4 +17,4 @@ if waiting > 0 then
     end
   end
 end
-return {math.floor(held), waiting, age}
+return {held, waiting, age}
