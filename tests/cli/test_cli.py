@@ -59,6 +59,32 @@ async def test_queues_lists_every_shard_with_figures(
     assert fields["dead_letters"] == 1 and fields["metadata"] == {}
 
 
+async def ordered_with_one_waiting(bus: Bus, name: str) -> None:
+    """Queue ``name`` ordered per header ``k``: one message holds key c1, one waits."""
+    queue = bus.queue(name)
+    await queue.attach(ttl=120)
+    await queue.set_ordering("k")
+    await queue.push_batch([("e", {"k": "c1"}), ("f", {"k": "c1"})])
+    async with queue.consume(Mode.AT_LEAST_ONCE, max=2) as consumer:
+        await consumer.__anext__()  # one read of both: e takes c1 (given back, still holds it)
+
+
+async def test_queues_and_inspect_show_the_ordering_per_key(
+    redis_server: RedisServer, make_bus: Callable[..., Any]
+) -> None:
+    urls = [redis_server.url]
+    await ordered_with_one_waiting(await make_bus(urls), "ledger")
+    inspected = (await busmq("--json", "inspect", "ledger", urls=urls)).json()
+    assert (inspected["ordering"], inspected["ordered_keys_in_flight"]) == ("k", 1)
+    assert inspected["ordered_waiting"] == 1 and inspected["oldest_ordered_wait_seconds"] >= 0
+    table = await busmq("inspect", "ledger", urls=urls)
+    for row in ("ordered by", "keys with a delivery in flight", "messages waiting for their key"):
+        assert row in table.out
+    assert "oldest waiting" in table.out
+    listed = await busmq("queues", urls=urls)
+    assert "ordered by k (1 keys in flight, 1 waiting)" in listed.out
+
+
 async def test_push_tail_and_follow(redis_server: RedisServer) -> None:
     urls = [redis_server.url]
     pushed = await busmq("--json", "push", "log", "--ttl", "60", "-H", "src=cli",
@@ -224,7 +250,9 @@ async def test_global_options_go_before_or_after_the_command(redis_server: Redis
     assert refused.code == 2 and "not --gateway" in refused.err
 
 
-async def test_commands_through_a_gateway(redis_server: RedisServer, tmp_path: Path) -> None:
+async def test_commands_through_a_gateway(
+    redis_server: RedisServer, tmp_path: Path, make_bus: Callable[..., Any]
+) -> None:
     secret_file = tmp_path / "secret"
     secret_file.write_text("cli-gateway-secret-0123456789\n")
     secret_file.chmod(0o600)
@@ -251,6 +279,10 @@ async def test_commands_through_a_gateway(redis_server: RedisServer, tmp_path: P
         inspected = await busmq(*via, "--json", "inspect", "remote")
         assert inspected.json()["last_id"] == 3
         assert (await busmq(*via, "inspect", "missing")).code == 3
+        await ordered_with_one_waiting(await make_bus([redis_server.url]), "ledger")
+        ledger = (await busmq(*via, "--json", "inspect", "ledger")).json()
+        assert (ledger["ordering"], ledger["ordered_keys_in_flight"]) == ("k", 1)
+        assert ledger["ordered_waiting"] == 1 and ledger["oldest_ordered_wait_seconds"] >= 0
         refused = await busmq("--gateway", f"http://{gateway.target}", "queues")
         assert refused.code == 1 and "credentials" in refused.err
     finally:

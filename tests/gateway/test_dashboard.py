@@ -131,6 +131,11 @@ async def test_queue_page_charts_its_hour_and_takes_admin_actions(
     async with admin_gateway(redis_server.url) as (bus, root):
         await with_dead_letters(bus)
         orders = bus.queue("orders")
+        # Ordered per customer: e holds key c1 (read, then given back), f waits for it.
+        await orders.set_ordering("customer")
+        await orders.push_batch([("e", {"customer": "c1"}), ("f", {"customer": "c1"})])
+        async with orders.consume(Mode.AT_LEAST_ONCE, max=4) as consumer:  # reads c d e f
+            await consumer.__anext__()
         page = await browser.new_page(viewport={"width": 1280, "height": 1100})
         page.on("dialog", lambda dialog: dialog.accept())  # "remove every dead letter?"
         await page.goto(root)
@@ -141,6 +146,10 @@ async def test_queue_page_charts_its_hour_and_takes_admin_actions(
         await page.wait_for_function(
             "() => Number("
             "document.querySelector('[data-chart=\"queue:depth\"]').dataset.points) >= 3"
+        )
+        await page.wait_for_function(
+            "() => document.querySelector('#q-ordering').textContent"
+            ".startsWith('by customer: 1 keys in flight, 1 waiting, oldest ')"
         )
         # Without a secret, nothing of the messages is shown.
         await page.wait_for_selector("#dead td.empty")
@@ -180,5 +189,5 @@ async def test_queue_page_charts_its_hour_and_takes_admin_actions(
         await page.click("#dead-purge")
         await page.wait_for_selector("#dead td.empty")
         info = await orders.info()
-        assert (info.paused, info.dead_letters, info.count) == (True, 0, 3)
+        assert (info.paused, info.dead_letters, info.count) == (True, 0, 5)  # c d e f, and a
         assert info.rate_limit is not None and info.rate_limit.limit == 5

@@ -105,10 +105,12 @@ class LocalAdmin:
         if not found:
             raise QueueNotFoundError(name)
         info = await queue.info()
+        state = info.ordering_state
         return details(
             found[0],
             max_deliveries=info.max_deliveries,
             drop_expired=info.drop_expired,
+            oldest_ordered_wait_seconds=None if state is None else state.oldest_waiting_age,
             metadata=await queue.metadata(),
         )
 

@@ -80,11 +80,22 @@ async def inspect(admin: Admin, out: Output, args: argparse.Namespace) -> int:
         ("max deliveries", stats["max_deliveries"]),
         ("expired messages", "dropped" if stats["drop_expired"] else "dead-lettered"),
         ("ordered by", stats.get("ordering") or "-"),
+        *_ordering_rows(stats),
         ("shard", stats["shard"]),
         *((f"metadata {key}", value) for key, value in sorted(metadata.items())),
     ]
     out.table(f"queue {args.queue}", ("", "value"), rows)
     return 0
+
+
+def _ordering_rows(stats: dict[str, Any]) -> list[tuple[str, Any]]:
+    if not stats.get("ordering"):
+        return []
+    return [
+        ("keys with a delivery in flight", stats["ordered_keys_in_flight"]),
+        ("messages waiting for their key", stats["ordered_waiting"]),
+        ("oldest waiting", seconds(stats["oldest_ordered_wait_seconds"] or 0)),
+    ]
 
 
 def _limit_text(limit: dict[str, Any] | None) -> str:

@@ -86,10 +86,14 @@ class GatewayAdmin:
         found = [s for s in await self.queues(name) if s.name == name]
         if not found:  # closed in between
             raise QueueNotFoundError(name)
+        oldest = None
+        if response.HasField("oldest_ordered_wait"):
+            oldest = response.oldest_ordered_wait.ToTimedelta().total_seconds()
         return details(
             found[0],
             max_deliveries=response.max_deliveries or None,
             drop_expired=response.drop_expired,
+            oldest_ordered_wait_seconds=oldest,
             metadata=dict(response.metadata),
         )
 

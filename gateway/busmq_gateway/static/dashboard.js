@@ -148,6 +148,11 @@ function renderQueue(info) {
   state.className = info.paused ? "warn" : "ok";
   document.getElementById("q-rate").textContent = info.rate_limit
     ? `${info.rate_limit.limit} per ${info.rate_limit.per_seconds} s` : "none";
+  const order = info.ordering_state;
+  document.getElementById("q-ordering").textContent = info.ordering
+    ? `by ${info.ordering}: ${order.keys_in_flight} keys in flight, ${order.waiting} waiting` +
+      (order.oldest_waiting_age == null ? "" : `, oldest ${seconds(order.oldest_waiting_age)}`)
+    : "none";
   const h = info.history;
   if (h) {
     const box = document.getElementById("queue-charts");
