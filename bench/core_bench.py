@@ -58,6 +58,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 import ordering_bench  # bench/ is sys.path[0]
+import schema_bench
 from _redis import (  # bench/ is sys.path[0]
     LocalRedis,
     RedisTarget,
@@ -72,7 +73,7 @@ except ImportError:  # pragma: no cover
     Durability = None  # type: ignore[assignment,misc]
 
 STAMP = struct.Struct("<qq")  # send time (perf_counter_ns), per-queue sequence number
-SCENARIOS = ("amo", "alo", "rate", "ordered")
+SCENARIOS = ("amo", "alo", "rate", "ordered", "schema")
 IMPLS = ("busmq", "baseline", "node")
 NODE_DIR = Path(__file__).resolve().parent / "node"  # the Node.js busmq (npm ci there)
 TITLES = {
@@ -904,7 +905,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--modes",
         default="amo,alo,rate",
         help="comma list of amo, alo, rate, ordered (ordering per key: bench/ordering_bench.py "
-        "with --seconds, --warmup, --rate, --batch and --prefetch of this run)",
+        "with --seconds, --warmup, --rate, --batch and --prefetch of this run), schema "
+        "(bench/schema_bench.py with --seconds, --warmup and --batch)",
     )
     p.add_argument(
         "--rate-rounds", type=int, default=3, help="interleaved rounds of the fixed rate (medians)"
@@ -952,6 +954,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="before each run, wait up to this long for the rest of the machine to go quiet",
     )
     ordering_bench.add_arguments(p, prefix="ordered-")
+    schema_bench.add_arguments(p, prefix="schema-")
     p.add_argument("--json", type=Path, help="also write the results here")
     p.add_argument("--render", type=Path, help="only print the table of a saved --json file")
     p.add_argument("--verbose", action="store_true", help="progress lines on stderr")
@@ -1032,13 +1035,16 @@ async def main_async(args: argparse.Namespace) -> list[Result]:
         tracing=args.tracing,
     )
     results: list[Result] = []
-    ordered = ""
+    own: list[str] = []  # the tables of the scenarios with a workload of their own
     with local_redis() as server:
         print(f"redis-server pid {server.pid} on port {server.port}", file=sys.stderr)
         for scenario in args.modes:
-            if scenario == "ordered":  # its own workload and table (bench/ordering_bench.py)
-                print("running busmq ordered ...", file=sys.stderr, flush=True)
-                ordered = await ordering_bench.run(server.url, ordering_arguments(args))
+            if scenario in ("ordered", "schema"):
+                print(f"running busmq {scenario} ...", file=sys.stderr, flush=True)
+                if scenario == "ordered":
+                    own.append(await ordering_bench.run(server.url, ordering_arguments(args)))
+                else:
+                    own.append(await schema_bench.run(server.url, schema_arguments(args)))
                 continue
             rounds: dict[str, list[Result]] = {}
             # A fixed rate's tail varies from run to run: interleaved rounds, medians.
@@ -1051,9 +1057,21 @@ async def main_async(args: argparse.Namespace) -> list[Result]:
                 _save(args.json, config, results)
     if results:
         print(report(config, results))
-    if ordered:
-        print(ordered)
+    for table in own:
+        print(table)
     return results
+
+
+def schema_arguments(args: argparse.Namespace) -> argparse.Namespace:
+    """This run's options as ``schema_bench`` takes them."""
+    return argparse.Namespace(
+        seconds=args.seconds,
+        warmup=args.warmup,
+        batch=args.batch,
+        messages=args.schema_messages,
+        consumers=args.schema_consumers,
+        rounds=args.schema_rounds,
+    )
 
 
 def ordering_arguments(args: argparse.Namespace) -> argparse.Namespace:
@@ -1065,11 +1083,11 @@ def ordering_arguments(args: argparse.Namespace) -> argparse.Namespace:
         batch=args.batch,
         prefetch=args.prefetch,
         window=200 * args.batch,
-        keys=args.keys,
-        consumers=args.consumers,
-        producers=args.producers,
-        drain=args.drain,
-        rounds=args.rounds,
+        keys=args.ordered_keys,
+        consumers=args.ordered_consumers,
+        producers=args.ordered_producers,
+        drain=args.ordered_drain,
+        rounds=args.ordered_rounds,
     )
 
 

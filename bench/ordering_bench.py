@@ -240,11 +240,12 @@ async def run(url: str, args: argparse.Namespace) -> str:
 
 def add_arguments(p: argparse.ArgumentParser, *, prefix: str = "") -> None:
     """The options of this bench (``prefix`` names them where another script embeds it)."""
-    p.add_argument(f"--{prefix}keys", dest="keys", type=int, default=10_000)
-    p.add_argument(f"--{prefix}consumers", dest="consumers", type=int, default=4)
-    p.add_argument(f"--{prefix}producers", dest="producers", type=int, default=2)
-    p.add_argument(f"--{prefix}drain", dest="drain", type=int, default=100_000)
-    p.add_argument(f"--{prefix}rounds", dest="rounds", type=int, default=3)
+    dest = prefix.replace("-", "_")
+    p.add_argument(f"--{prefix}keys", dest=f"{dest}keys", type=int, default=10_000)
+    p.add_argument(f"--{prefix}consumers", dest=f"{dest}consumers", type=int, default=4)
+    p.add_argument(f"--{prefix}producers", dest=f"{dest}producers", type=int, default=2)
+    p.add_argument(f"--{prefix}drain", dest=f"{dest}drain", type=int, default=100_000)
+    p.add_argument(f"--{prefix}rounds", dest=f"{dest}rounds", type=int, default=3)
 
 
 def arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:

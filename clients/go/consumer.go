@@ -31,6 +31,9 @@ type Delivery struct {
 	Kind          pb.PayloadKind
 	Headers       map[string]string
 	DeliveryCount uint32
+	// SchemaVersion is the version of the queue's schema the message was checked
+	// against when pushed (0: the queue had no schema).
+	SchemaVersion uint32
 	consumer      *Consumer
 }
 
@@ -162,7 +165,7 @@ func (c *Consumer) deliver(ctx context.Context, wire *pb.Delivery) bool {
 	m := wire.Message
 	delivery := Delivery{
 		ID: m.Id, Payload: m.Payload, Kind: m.Kind, Headers: m.Headers,
-		DeliveryCount: wire.DeliveryCount, consumer: c,
+		DeliveryCount: wire.DeliveryCount, SchemaVersion: m.SchemaVersion, consumer: c,
 	}
 	select {
 	case c.deliveries <- delivery:

@@ -17,6 +17,16 @@ type Error struct {
 	Reason   string
 	Metadata map[string]string
 	Message  string
+	// Violations are the problems of a refused request (its google.rpc.BadRequest): for
+	// ErrSchema, Field is messages[<index>]<JSON pointer> and Description starts with
+	// the JSON Schema keyword broken; for ErrSchemaIncompatible, each change that breaks.
+	Violations []FieldViolation
+}
+
+// FieldViolation is one problem of a refused request.
+type FieldViolation struct {
+	Field       string
+	Description string
 }
 
 func (e *Error) Error() string {
@@ -62,6 +72,12 @@ var (
 	ErrRequestTimeout  = &Error{Reason: "REQUEST_TIMEOUT"}
 	ErrChannelEnded    = &Error{Reason: "CHANNEL_ENDED"}
 	ErrUnavailable     = &Error{Code: codes.Unavailable}
+	// ErrSchema: messages do not fit the queue's schema; nothing of the push was stored.
+	ErrSchema = &Error{Reason: "SCHEMA"}
+	// ErrSchemaIncompatible: a new schema version breaks the queue's compatibility mode.
+	ErrSchemaIncompatible = &Error{Reason: "SCHEMA_INCOMPATIBLE"}
+	// ErrInvalidSchema: a schema that is not a valid JSON Schema.
+	ErrInvalidSchema = &Error{Reason: "INVALID_SCHEMA"}
 )
 
 // asError turns a gRPC error into an *Error (nil stays nil).
@@ -83,6 +99,11 @@ func asError(err error) error {
 			result.Reason = info.Reason
 			for key, value := range info.Metadata {
 				result.Metadata[key] = value
+			}
+		}
+		if bad, ok := detail.(*errdetails.BadRequest); ok {
+			for _, v := range bad.FieldViolations {
+				result.Violations = append(result.Violations, FieldViolation{v.Field, v.Description})
 			}
 		}
 	}

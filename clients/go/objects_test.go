@@ -174,6 +174,56 @@ func TestOrderingPerKeyHoldsAKeysNextMessageUntilTheAck(t *testing.T) {
 	}
 }
 
+func TestASchemaRefusesAPushThatDoesNotFitWithWhereAndWhy(t *testing.T) {
+	d := start(t)
+	client := dial(t, d, d.secret)
+	ctx := context.Background()
+	orders := client.Queue("go-schema")
+	_, err := orders.Attach(ctx, 0)
+	must(t, err)
+	schema := json.RawMessage(`{"type": "object", "properties": {"id": {"type": "string"},
+		"qty": {"type": "integer"}}, "required": ["id", "qty"]}`)
+	first, err := orders.SetSchema(ctx, schema, pb.SchemaCompatibility_SCHEMA_COMPATIBILITY_UNSPECIFIED)
+	must(t, err)
+	if first.Version != 1 {
+		t.Fatalf("first version %+v", first)
+	}
+	_, err = orders.PushBatch(ctx, []Message{JSON(map[string]any{"id": "a", "qty": 1}),
+		JSON(map[string]any{"id": "b", "qty": "2"})})
+	var refused *Error
+	if !errors.Is(err, ErrSchema) || !errors.As(err, &refused) {
+		t.Fatalf("a push that does not fit: %v", err)
+	}
+	if len(refused.Violations) != 1 || refused.Violations[0].Field != "messages[1]/qty" ||
+		!strings.HasPrefix(refused.Violations[0].Description, "type: ") {
+		t.Fatalf("violations %+v", refused.Violations)
+	}
+	wider := json.RawMessage(`{"type": "object", "required": ["id", "qty", "sku"]}`)
+	_, err = orders.SetSchema(ctx, wider, pb.SchemaCompatibility_SCHEMA_COMPATIBILITY_UNSPECIFIED)
+	if !errors.Is(err, ErrSchemaIncompatible) || !errors.As(err, &refused) ||
+		len(refused.Violations) != 1 || refused.Violations[0].Description != "field `sku` became required" {
+		t.Fatalf("an incompatible version: %v", err)
+	}
+	_, err = orders.Push(ctx, JSON(map[string]any{"id": "c", "qty": 3}))
+	must(t, err)
+	violations, err := orders.CheckSchema(ctx, []Message{JSON(map[string]any{"id": "d"})})
+	must(t, err)
+	if len(violations) != 1 || violations[0].Rule != "required" {
+		t.Fatalf("check %+v", violations)
+	}
+	consumer := orders.Consume(ctx, ConsumeOptions{Mode: pb.ConsumeMode_CONSUME_MODE_AT_MOST_ONCE, Max: 1})
+	defer consumer.Stop()
+	if delivered := next(t, consumer.Deliveries()); delivered.SchemaVersion != 1 {
+		t.Fatalf("delivered %+v", delivered)
+	}
+	must(t, orders.RemoveSchema(ctx))
+	state, err := orders.Schema(ctx)
+	must(t, err)
+	if state.Current != 0 || len(state.Versions) != 1 {
+		t.Fatalf("after remove %+v", state)
+	}
+}
+
 func TestBrowseFollowsNewMessagesUntilTheVisitStops(t *testing.T) {
 	d := start(t)
 	client := dial(t, d, d.secret)

@@ -49,6 +49,15 @@ from .ordering import OrderingState
 from .persistable import Persistable
 from .pushing import Producer, PushResult
 from .queue import Queue, Retention
+from .schemas import (
+    Compatibility,
+    InvalidSchemaError,
+    JsonSchema,
+    SchemaCompatibilityError,
+    SchemaError,
+    SchemaVersion,
+    Violation,
+)
 from .service import Request, Service
 from .settings import BusSettings
 
@@ -65,6 +74,7 @@ __all__ = [
     "ChannelEndedError",
     "ChannelState",
     "ChannelStateError",
+    "Compatibility",
     "Consumer",
     "Delivery",
     "Durability",
@@ -75,6 +85,8 @@ __all__ = [
     "Event",
     "InvalidMessageError",
     "InvalidNameError",
+    "InvalidSchemaError",
+    "JsonSchema",
     "Message",
     "MessageTooLargeError",
     "Mode",
@@ -96,9 +108,13 @@ __all__ = [
     "RequestTimeoutError",
     "Retention",
     "RetryPolicy",
+    "SchemaCompatibilityError",
+    "SchemaError",
+    "SchemaVersion",
     "Service",
     "ServiceError",
     "Subscription",
     "TopologyError",
     "UnknownMessageError",
+    "Violation",
 ]

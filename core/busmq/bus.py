@@ -20,6 +20,7 @@ from .persistable import Persistable
 from .placement import Placement
 from .pushing import Producer
 from .queue import Queue
+from .schemas import ValidatorCache
 from .scripts import Scripts
 from .service import Service
 from .settings import BusSettings
@@ -80,6 +81,7 @@ class Bus:
         self.placement = Placement()
         self.attached: set[Lease] = set()
         self.counters = ProcessCounters()
+        self.schemas = ValidatorCache()
         self.tracing = Tracing(tracer_provider) if settings.tracing else None
         self._renewer: asyncio.Task[None] | None = None
         self._state = BusState.CREATED

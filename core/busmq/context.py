@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from .events import Event, EventHub
     from .placement import Placement
+    from .schemas import ValidatorCache
     from .scripts import Scripts
     from .settings import BusSettings
     from .stats import ProcessCounters
@@ -39,6 +40,8 @@ class BusContext(Protocol):
     """Queues attached through this bus, whose leases it renews."""
     counters: ProcessCounters
     """What this process pushed, delivered, acked... per queue (:mod:`busmq.stats`)."""
+    schemas: ValidatorCache
+    """Compiled schema validators and each queue's schema version as last learned."""
     tracing: Tracing | None
     """OpenTelemetry propagation, when ``BusSettings.tracing`` is on."""
 

@@ -23,18 +23,20 @@ sleep until the next due time the read script reports.
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import redis.asyncio as aioredis
 
 from .errors import QueueNotFoundError, RedisCommandError
 from .keys import CONSUMER_GROUP, QueueKeys, dead_letter_name
 from .ordering import OrderingState, read_state
+from .queue_schema import SCHEMA_ATTEMPTS, fitting_dead_letters, learn_schema
 
 if TYPE_CHECKING:
     from .queue_store import QueueStore
@@ -265,16 +267,31 @@ def _int(value: object) -> int:
     return value if isinstance(value, int) else 0
 
 
+async def _requeue(client: aioredis.Redis, queue: QueueStore, args: list[str | int]) -> Any:
+    return await queue.bus.scripts.call(client, "requeue", queue.keys.with_dead_letters(), args)
+
+
 async def requeue_dead(queue: QueueStore, ids: list[int] | None, limit: int) -> list[int]:
-    args: list[str | int] = [limit, *(ids or [])]
-    try:
-        reply: list[int] = await queue.run(
-            lambda c: queue.bus.scripts.call(c, "requeue", queue.keys.with_dead_letters(), args),
-            idempotent=False,
-        )
-    except RedisCommandError as exc:
-        raise queue.script_error(exc) from None
-    return [int(i) for i in reply]
+    """Move dead letters back (see ``requeue.lua``). With a schema, only those that fit
+    its current version go back; the others stay dead."""
+    for attempt in range(SCHEMA_ATTEMPTS):
+        version = queue.bus.schemas.current.get(queue.name)
+        listed = ids or []
+        if version is not None:
+            listed = await fitting_dead_letters(queue, version, ids, limit)
+            if not listed:
+                return []
+        args: list[str | int] = [limit, "" if version is None else version, *listed]
+        try:
+            reply: list[int] = await queue.run(
+                functools.partial(_requeue, queue=queue, args=args), idempotent=False
+            )
+        except RedisCommandError as exc:
+            if attempt < SCHEMA_ATTEMPTS - 1 and learn_schema(queue, exc):
+                continue
+            raise queue.script_error(exc) from None
+        return [int(i) for i in reply]
+    raise AssertionError("unreachable")
 
 
 async def settle(

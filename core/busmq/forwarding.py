@@ -40,7 +40,8 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import DurabilityError, RedisCommandError, UnknownMessageError
 from .message import EncodedMessage, ForwardTarget, PayloadKind
-from .pushing import Item, Producer, flatten
+from .pushing import Item, Producer, flatten, schema_arg
+from .queue_schema import SCHEMA_ATTEMPTS, learn_schema
 
 if TYPE_CHECKING:
     from .mux import MuxClient
@@ -116,6 +117,7 @@ class Forwarder:
             "",
             1 if len(flat) == count else 3,
             "",
+            await schema_arg(target, flat, count),
             *flat,
         ]
         level = bus.settings.durability
@@ -127,18 +129,23 @@ class Forwarder:
             attempts += 1
             return await bus.scripts.call(mux, "forward", keys, args)
 
-        try:
-            if level.is_async:
-                # Safe to send again: once applied, the delivery is no longer pending.
-                reply = await source.run_fast(run, idempotent=True)
-            else:
-                shard = await source.located()
-                sha, script = bus.scripts.source("forward")
-                reply, shortfall = await shard.run_durable(
-                    sha, script, keys, args, level, route=source.keys.stream
-                )
-        except RedisCommandError as exc:
-            raise target.script_error(exc) from None
+        for attempt in range(SCHEMA_ATTEMPTS):
+            try:
+                if level.is_async:
+                    # Safe to send again: once applied, the delivery is no longer pending.
+                    reply = await source.run_fast(run, idempotent=True)
+                else:
+                    shard = await source.located()
+                    sha, script = bus.scripts.source("forward")
+                    reply, shortfall = await shard.run_durable(
+                        sha, script, keys, args, level, route=source.keys.stream
+                    )
+                break
+            except RedisCommandError as exc:
+                if attempt == SCHEMA_ATTEMPTS - 1 or not learn_schema(target, exc):
+                    raise target.script_error(exc) from None
+                args[7] = await schema_arg(target, flat, count)  # checked again, not stored
+                attempts = 0
         first = int(reply[0])
         if first < 0:
             return attempts > 1  # a lost reply's attempt applied it

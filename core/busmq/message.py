@@ -24,6 +24,7 @@ F_KIND = b"k"
 F_HEADERS = b"h"
 F_TIME = b"t"
 F_ORIGINAL_ID = b"i"  # a delayed message, stored after later ones: the id it was given
+F_SCHEMA_VERSION = b"sv"  # the schema version it was checked against (busmq.schemas)
 
 
 class PayloadKind(Enum):
@@ -122,6 +123,8 @@ class Message:
         kind: how ``payload`` is to be read (see :attr:`data`).
         headers: the string headers given at push.
         timestamp_ms: when Redis stored the message (Unix ms).
+        schema_version: the version of the queue's schema the message was checked
+            against when pushed (``None``: the queue had no schema).
     """
 
     id: int
@@ -129,6 +132,7 @@ class Message:
     kind: PayloadKind = PayloadKind.BYTES
     headers: Mapping[str, str] = field(default_factory=dict)
     timestamp_ms: int = 0
+    schema_version: int | None = None
 
     @property
     def data(self) -> Any:
@@ -144,12 +148,14 @@ def decode_entry(entry_id: bytes, fields: Mapping[bytes, bytes]) -> Message:
     """Build a :class:`Message` from a stream entry (``<id>-0`` and its field map)."""
     raw_headers = fields.get(F_HEADERS)
     original = fields.get(F_ORIGINAL_ID)
+    version = fields.get(F_SCHEMA_VERSION)
     return Message(
         id=int(original) if original is not None else stream_id_to_int(entry_id),
         payload=fields.get(F_PAYLOAD, b""),
         kind=_KINDS[fields.get(F_KIND, b"b")],
         headers=decode_headers(raw_headers) if raw_headers else NO_HEADERS,
         timestamp_ms=int(fields.get(F_TIME, b"0")),
+        schema_version=None if version is None else int(version),
     )
 
 
@@ -190,9 +196,9 @@ NO_HEADERS: Mapping[str, str] = MappingProxyType({})
 def decode_raw(entry_id: bytes, flat: Sequence[bytes]) -> Message:
     """Build a :class:`Message` from a raw stream entry: its id and the flat field list.
 
-    push.lua writes the fields in the order p[, k], t[, h][, e], with no k for plain
-    bytes; those shapes without ``e`` are decoded by position (the ones without headers
-    first: the common case), anything else through :func:`decode_entry`.
+    push.lua writes the fields in the order p[, k], t[, h][, e][, l][, sv], with no k for
+    plain bytes; the shapes with at most one of h and sv are decoded by position (the ones
+    without headers first: the common case), anything else through :func:`decode_entry`.
     """
     n = len(flat)
     if n == 4 and flat[0] == F_PAYLOAD and flat[2] == F_TIME:
@@ -215,15 +221,19 @@ def decode_raw(entry_id: bytes, flat: Sequence[bytes]) -> Message:
         if flat[2] == F_TIME and flat[4] == F_HEADERS:
             headers = decode_headers(flat[5])
             return Message(_entry_id(entry_id), flat[1], PayloadKind.BYTES, headers, int(flat[3]))
-    if (
-        n == 8
-        and flat[0] == F_PAYLOAD
-        and flat[2] == F_KIND
-        and flat[4] == F_TIME
-        and flat[6] == F_HEADERS
-    ):
-        headers = decode_headers(flat[7])
-        return Message(_entry_id(entry_id), flat[1], _KINDS[flat[3]], headers, int(flat[5]))
+    if n == 8 and flat[0] == F_PAYLOAD and flat[2] == F_KIND and flat[4] == F_TIME:
+        if flat[6] == F_HEADERS:
+            headers = decode_headers(flat[7])
+            return Message(_entry_id(entry_id), flat[1], _KINDS[flat[3]], headers, int(flat[5]))
+        if flat[6] == F_SCHEMA_VERSION:  # a JSON value checked against the queue's schema
+            return Message(
+                _entry_id(entry_id),
+                flat[1],
+                _KINDS[flat[3]],
+                NO_HEADERS,
+                int(flat[5]),
+                int(flat[7]),
+            )
     return decode_entry(entry_id, dict(zip(flat[::2], flat[1::2], strict=True)))
 
 
@@ -310,6 +320,11 @@ class Delivery:
     @property
     def headers(self) -> Mapping[str, str]:
         return self.message.headers
+
+    @property
+    def schema_version(self) -> int | None:
+        """The queue's schema version the message was checked against (``None``: none)."""
+        return self.message.schema_version
 
     @property
     def redelivered(self) -> bool:

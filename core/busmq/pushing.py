@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .controls import due_ms, expires_ms
 from .durability import Durability
@@ -19,9 +19,12 @@ from .errors import (
 )
 from .keys import validate_name
 from .message import EncodedMessage, Payload, PayloadKind, encode_item
+from .queue_schema import SCHEMA_ATTEMPTS, check, learn_schema
+from .schemas import UNPARSED
 
 if TYPE_CHECKING:
     from .queue_store import QueueStore
+    from .shard import Shard
 
 Headers = Mapping[str, str]
 Item = Payload | tuple[Payload, Headers | None] | EncodedMessage
@@ -142,6 +145,39 @@ def flatten_encoded(encoded: Sequence[EncodedMessage]) -> Flat:
     return flat
 
 
+async def schema_arg(
+    queue: QueueStore, flat: Flat, count: int, values: Sequence[Any] | None = None
+) -> str:
+    """The push script's schema argument for ``count`` flattened messages (``values``:
+    their decoded values, see :func:`decoded_values`): checked against the version this
+    process believes ``queue`` has (``''``: none)."""
+    believed = queue.bus.schemas.current.get(queue.name)
+    if believed is None:
+        return ""
+    stride = 1 if len(flat) == count else 3
+    return await check(queue, believed, payloads(flat, stride), values)
+
+
+def decoded_values(items: Sequence[Item]) -> list[Any]:
+    """Each item's value where it is pushed as JSON (a dict, list, number, bool or
+    ``None``), else :data:`~busmq.schemas.UNPARSED`: a schema check then skips parsing
+    what it was handed decoded."""
+    values: list[Any] = []
+    for item in items:
+        value = item[0] if type(item) is tuple else item
+        values.append(
+            UNPARSED
+            if isinstance(value, bytes | bytearray | memoryview | str | EncodedMessage)
+            else value
+        )
+    return values
+
+
+def payloads(flat: Flat, stride: int) -> list[bytes]:
+    """The payloads of a push's flattened messages (see :func:`flatten`)."""
+    return [p if isinstance(p, bytes) else str(p).encode() for p in flat[::stride]]
+
+
 def _triples(payloads: Flat) -> Flat:
     flat: Flat = []
     for payload in payloads:
@@ -149,8 +185,15 @@ def _triples(payloads: Flat) -> Flat:
     return flat
 
 
-async def store(queue: QueueStore, flat: Flat, count: int, options: PushOptions) -> PushResult:
-    """Run the push script for ``count`` flattened messages on ``queue``."""
+async def store(
+    queue: QueueStore,
+    flat: Flat,
+    count: int,
+    options: PushOptions,
+    values: Sequence[Any] | None = None,
+) -> PushResult:
+    """Run the push script for ``count`` flattened messages on ``queue`` (``values``:
+    their decoded values, if known, for a schema check)."""
     queue.require_open()
     if not count:
         return PushResult([], False)
@@ -163,6 +206,7 @@ async def store(queue: QueueStore, flat: Flat, count: int, options: PushOptions)
         expires_ms(options.ttl, options.expires_at),
         1 if len(flat) == count else 3,  # payloads alone, or (payload, kind, headers)
         "" if options.sequenced is None else options.sequenced.script_arg,
+        await schema_arg(queue, flat, count, values),
         *flat,
     ]
     script_keys = [keys.info, keys.stream, keys.due, keys.delayed]
@@ -171,18 +215,8 @@ async def store(queue: QueueStore, flat: Flat, count: int, options: PushOptions)
             raise ValueError("request_id must be 1-200 characters")
         script_keys.append(keys.dedupe_prefix + request_id)
     level = bus.settings.durability if durability is None else Durability.parse(durability)
-    shortfall = None
     try:
-        if level.is_async:
-            reply = await queue.run_fast(
-                lambda c: bus.scripts.call(c, "push", script_keys, args), idempotent=False
-            )
-        else:
-            shard = await queue.located()
-            sha, source = bus.scripts.source("push")
-            reply, shortfall = await shard.run_durable(
-                sha, source, script_keys, args, level, route=keys.stream
-            )
+        reply, shortfall, shard = await _run(queue, script_keys, args, level, flat, values)
     except RedisCommandError as exc:
         sequenced = options.sequenced
         if sequenced is not None and str(exc).startswith("FENCED"):
@@ -203,7 +237,40 @@ async def store(queue: QueueStore, flat: Flat, count: int, options: PushOptions)
         raise DurabilityError(
             f"push to {queue.name!r} applied but not confirmed {level}: {shortfall}; "
             "it may be stored: retry with the same request_id",
-            shard.label,
+            shard.label if shard is not None else "",
             ids,
         )
     return PushResult(ids, duplicate)
+
+
+async def _run(
+    queue: QueueStore,
+    keys: list[str],
+    args: Flat,
+    level: Durability,
+    flat: Flat,
+    values: Sequence[Any] | None,
+) -> tuple[Any, str | None, Shard | None]:
+    """The push script's reply, the durability shortfall (if any) and the shard asked
+    for it. A refusal for a schema version that changed meanwhile stored nothing: the
+    messages are checked against the queue's version and sent again."""
+    bus = queue.bus
+    for attempt in range(SCHEMA_ATTEMPTS):
+        try:
+            if level.is_async:
+                reply = await queue.run_fast(
+                    lambda c: bus.scripts.call(c, "push", keys, args), idempotent=False
+                )
+                return reply, None, None
+            shard = await queue.located()
+            sha, source = bus.scripts.source("push")
+            reply, shortfall = await shard.run_durable(
+                sha, source, keys, args, level, route=queue.keys.stream
+            )
+            return reply, shortfall, shard
+        except RedisCommandError as exc:
+            if attempt == SCHEMA_ATTEMPTS - 1 or not learn_schema(queue, exc):
+                raise
+            count = len(flat) if args[4] == 1 else len(flat) // 3
+            args[6] = await schema_arg(queue, flat, count, values)
+    raise AssertionError("unreachable")

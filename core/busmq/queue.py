@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Never
 
 import redis.asyncio as aioredis
 
-from . import controls, inventory, ordering, pushing
+from . import controls, inventory, ordering, pushing, queue_schema
 from .consumer import Consumer
 from .consuming import Mode
 from .controls import QueueInfo, RateLimit
@@ -23,6 +23,7 @@ from .message import EncodedMessage, Message
 from .pushing import Item, PushOptions, PushResult
 from .queue_api import AttachOptions, Owner, QueueAPI, Retention
 from .queue_store import QueueStore
+from .schemas import Compatibility, JsonSchema, SchemaVersion, Violation
 
 if TYPE_CHECKING:
     from .context import BusContext
@@ -73,6 +74,42 @@ class Queue(QueueAPI[Never, Consumer]):
         """The dead-letter queue, ``<name>:dead``: a normal queue (attach it to consume
         it; it is created with the first dead letter and lives as long as this one)."""
         return Queue(self._bus, dead_letter_name(self.name))
+
+    async def set_schema(
+        self, schema: JsonSchema, *, compatibility: Compatibility | str | None = None
+    ) -> SchemaVersion:
+        """Enforce ``schema`` on every push from now on, as the queue's next version.
+
+        The version must be compatible with the earlier ones under the queue's mode
+        (BACKWARD unless set; ``compatibility`` sets it): otherwise
+        :class:`SchemaCompatibilityError` names what breaks, and the queue keeps its
+        current version. Setting the current schema again adds no version. A push whose
+        messages do not fit raises :class:`SchemaError` and stores nothing of its batch.
+        See :mod:`busmq.schemas`."""
+        mode = None if compatibility is None else Compatibility(compatibility)
+        return await queue_schema.set_schema(self.store, schema, mode)
+
+    async def schema(self) -> SchemaVersion | None:
+        """The schema version enforced now (``None``: pushes are not checked)."""
+        return await queue_schema.current(self.store)
+
+    async def schema_versions(self) -> list[SchemaVersion]:
+        """Every schema version the queue has had, oldest first."""
+        return (await queue_schema.versions(self.store))[2]
+
+    async def check_schema(self, payloads: Sequence[bytes]) -> tuple[int, list[Violation]] | None:
+        """Check ``payloads`` (as pushed: JSON bytes) against the queue's current schema
+        without pushing them: the version and what does not fit (``None``: no schema)."""
+        current = await queue_schema.current(self.store)
+        if current is None:
+            return None
+        compiled = await queue_schema.compiled(self.store, current.version)
+        return current.version, compiled.violations(payloads)
+
+    async def remove_schema(self) -> None:
+        """Stop checking pushes. The versions are kept: a later :meth:`set_schema` is
+        checked against the last one."""
+        await queue_schema.remove_schema(self.store)
 
 
 class LocalQueueBackend:
@@ -129,8 +166,12 @@ class LocalQueueBackend:
     # -- pushing and consuming ----------------------------------------------------------
 
     async def push_items(self, items: Iterable[Item], options: PushOptions) -> PushResult:
+        values = None
+        if self._bus.schemas.current.get(self._store.name) is not None:  # kept to check
+            items = list(items)
+            values = pushing.decoded_values(items)
         flat, count = pushing.flatten(items, self._bus.settings.max_message_bytes)
-        return await pushing.store(self._store, flat, count, options)
+        return await pushing.store(self._store, flat, count, options, values)
 
     async def push_encoded(
         self, encoded: Sequence[EncodedMessage], options: PushOptions

@@ -60,6 +60,7 @@ class Scripts:
         "forward_out",
         "order",
         "order_stats",
+        "schema",
     )
 
     def __init__(self, client: aioredis.Redis, *, sharded_publish: bool = False) -> None:

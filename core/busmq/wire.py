@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from .consuming import Mode
 from .message import PayloadKind
-from .v1 import types_pb2
+from .schemas import Compatibility
+from .v1 import queue_service_pb2, types_pb2
 
 KIND_TO_PROTO = {
     PayloadKind.BYTES: types_pb2.PAYLOAD_KIND_BYTES,
@@ -29,3 +30,7 @@ MODE_FROM_PROTO = {
     types_pb2.CONSUME_MODE_AT_LEAST_ONCE: Mode.AT_LEAST_ONCE,
     types_pb2.CONSUME_MODE_REPLAY: Mode.REPLAY,
 }
+COMPATIBILITY_TO_PROTO = {
+    mode: getattr(queue_service_pb2, f"SCHEMA_COMPATIBILITY_{mode.value}") for mode in Compatibility
+}
+COMPATIBILITY_FROM_PROTO = {value: mode for mode, value in COMPATIBILITY_TO_PROTO.items()}

@@ -114,6 +114,10 @@ RULES: dict[str, Rule] = {
     "/busmq.v1.QueueService/CloseQueue": Rule(_Q, (_ADMIN,), _queue),
     "/busmq.v1.QueueService/ListQueues": TOKEN,  # filtered to what the caller may see
     "/busmq.v1.QueueService/BrowseQueue": Rule(_Q, (_ADMIN,), _queue),
+    "/busmq.v1.QueueService/SetQueueSchema": Rule(_Q, (_ADMIN,), _queue),
+    "/busmq.v1.QueueService/GetQueueSchema": Rule(_Q, (), _queue),
+    "/busmq.v1.QueueService/RemoveQueueSchema": Rule(_Q, (_ADMIN,), _queue),
+    "/busmq.v1.QueueService/CheckQueueSchema": Rule(_Q, (_PUSH,), _queue),
     "/busmq.v1.ChannelService/ConnectChannel": Rule(_C, (_PUSH, _CONSUME), _channel),
     "/busmq.v1.ChannelService/SendChannel": Rule(None, cost=_messages),
     "/busmq.v1.ChannelService/SendToRole": Rule(_C, (_PUSH,), _channel, _messages),

@@ -135,6 +135,8 @@ def message_fields(message: Message, headers: dict[str, str] | None = None) -> d
         headers = dict(message.headers)
     if headers:
         fields["headers"] = headers
+    if message.schema_version is not None:
+        fields["schema_version"] = message.schema_version
     return fields
 
 

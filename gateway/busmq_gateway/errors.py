@@ -26,6 +26,13 @@ federation client first of all) rebuilds the exception without parsing the messa
     REQUEST_TIMEOUT     service, correlation_id, timeout
     NOT_ATTEMPTED       queue (a push of a PushMany skipped after an earlier failure)
     DURABILITY_NOT_CONFIRMED  ids (comma-separated: stored, maybe not durably), shard
+    SCHEMA              queue, schema_version, violations (how many; each in BadRequest)
+    SCHEMA_INCOMPATIBLE queue, compatibility, against (the version; breaks in BadRequest)
+    INVALID_SCHEMA      (none: the message says where the schema is wrong)
+
+A schema refusal also carries a ``google.rpc.BadRequest`` (the second detail): a field
+violation per problem, its field ``messages[<index>]<JSON pointer>`` and its reason the
+JSON Schema keyword broken.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from busmq import errors as core
+from busmq.schemas import InvalidSchemaError, SchemaCompatibilityError, SchemaError
 
 from .throttle import ThrottledLog
 
@@ -61,6 +69,9 @@ MAX_METADATA_IDS = 100
 TABLE: tuple[tuple[type[BaseException], grpc.StatusCode, str], ...] = (
     (core.InvalidNameError, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_NAME"),
     (core.MessageTooLargeError, grpc.StatusCode.RESOURCE_EXHAUSTED, "MESSAGE_TOO_LARGE"),
+    (SchemaError, grpc.StatusCode.INVALID_ARGUMENT, "SCHEMA"),
+    (SchemaCompatibilityError, grpc.StatusCode.INVALID_ARGUMENT, "SCHEMA_INCOMPATIBLE"),
+    (InvalidSchemaError, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_SCHEMA"),
     (core.InvalidMessageError, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_MESSAGE"),
     (core.QueueFullError, grpc.StatusCode.RESOURCE_EXHAUSTED, "QUEUE_FULL"),
     (core.QueueNotFoundError, grpc.StatusCode.NOT_FOUND, "QUEUE_NOT_FOUND"),
@@ -149,9 +160,48 @@ def error_metadata(exc: BaseException) -> dict[str, str]:
             "correlation_id": exc.correlation_id,
             "timeout": f"{exc.timeout:g}s",
         }
+    return _more_metadata(exc)
+
+
+def _more_metadata(exc: BaseException) -> dict[str, str]:
     if isinstance(exc, core.ChannelStateError):
         return {"channel": exc.channel}
+    if isinstance(exc, SchemaError):
+        return {
+            "queue": exc.queue,
+            "schema_version": str(exc.version),
+            "violations": str(len(exc.violations)),
+        }
+    if isinstance(exc, SchemaCompatibilityError):
+        return {"queue": exc.queue, "compatibility": str(exc.mode), "against": str(exc.against)}
     return {}
+
+
+def bad_request(exc: BaseException) -> error_details_pb2.BadRequest | None:
+    """The ``BadRequest`` detail of a schema refusal: a field violation per problem, the
+    field being ``messages[<index>]<JSON pointer>`` (or ``json_schema`` for a new version
+    that breaks compatibility)."""
+    if isinstance(exc, SchemaError):
+        return error_details_pb2.BadRequest(
+            field_violations=[
+                error_details_pb2.BadRequest.FieldViolation(
+                    field=f"messages[{v.index}]{v.pointer}",
+                    description=f"{v.rule}: {v.message}",
+                    reason=v.rule,
+                )
+                for v in exc.violations
+            ]
+        )
+    if isinstance(exc, SchemaCompatibilityError):
+        return error_details_pb2.BadRequest(
+            field_violations=[
+                error_details_pb2.BadRequest.FieldViolation(
+                    field="json_schema", description=text, reason="SCHEMA_INCOMPATIBLE"
+                )
+                for text in exc.breaks
+            ]
+        )
+    return None
 
 
 def _push_metadata(
@@ -176,7 +226,12 @@ def error_status(exc: BaseException, metadata: dict[str, str] | None = None) -> 
     info = error_details_pb2.ErrorInfo(reason=reason, domain=DOMAIN, metadata=details)
     detail = any_pb2.Any()
     detail.Pack(info)
-    return status_pb2.Status(code=getattr(code_pb2, code.name), message=message, details=[detail])
+    packed = [detail]
+    violations = bad_request(exc)
+    if violations is not None:
+        packed.append(any_pb2.Any())
+        packed[-1].Pack(violations)
+    return status_pb2.Status(code=getattr(code_pb2, code.name), message=message, details=packed)
 
 
 def to_status(exc: BaseException, metadata: dict[str, str] | None = None) -> grpc.Status:

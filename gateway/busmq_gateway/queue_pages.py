@@ -20,7 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
-from busmq import Bus, InvalidNameError, QueueNotFoundError, RateLimit
+from busmq import Bus, InvalidNameError, Queue, QueueNotFoundError, RateLimit, queue_schema
 from busmq.cli.records import to_record
 from busmq.inventory import browse_pages
 from busmq.keys import dead_letter_name, validate_name
@@ -85,6 +85,7 @@ class QueuePages:
                 "ordering_state": None
                 if info.ordering_state is None
                 else dataclasses.asdict(info.ordering_state),
+                "schema": await _schema(queue),
                 "history_interval": self.history.interval,
                 "history": self.history.queue(name),
             }
@@ -204,3 +205,18 @@ async def _json(request: web.Request) -> dict[str, Any]:
 
 def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
+
+
+async def _schema(queue: Queue) -> dict[str, Any] | None:
+    """The queue's schema for its page: the version enforced, how many there were, the
+    mode and the document (``None``: pushes are not checked)."""
+    current, mode, versions = await queue_schema.versions(queue.store)
+    enforced = next((v for v in versions if v.version == current), None)
+    if enforced is None:
+        return None
+    return {
+        "version": enforced.version,
+        "versions": len(versions),
+        "compatibility": str(mode),
+        "document": enforced.schema.document,
+    }

@@ -50,6 +50,7 @@ from .errors import (
 from .fleet import CONSUMER, FleetKey
 from .inventory_service import QueueInventory
 from .push_stream import PushStreamSession, push_outcome
+from .schema_service import QueueSchemas
 from .streaming import Beat, StreamCount, paced
 from .throttle import ThrottledLog
 
@@ -57,7 +58,7 @@ log = logging.getLogger(__name__)
 _throttled = ThrottledLog(log)
 
 
-class QueueService(QueueInventory, pb_grpc.QueueServiceServicer):
+class QueueService(QueueInventory, QueueSchemas, pb_grpc.QueueServiceServicer):
     def __init__(
         self,
         bus: Bus,

@@ -7,7 +7,7 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -309,5 +309,65 @@ async def test_through_a_tls_gateway_with_its_ca(redis_server: RedisServer, tmp_
         assert [q["name"] for q in listed.json()] == ["secure"]
         untrusted = await busmq(*via, "queues")  # the system roots do not know this CA
         assert untrusted.code == 1
+    finally:
+        await gateway.stop()
+
+
+ORDER_SCHEMA = {
+    "type": "object",
+    "properties": {"id": {"type": "string"}, "qty": {"type": "integer"}},
+    "required": ["id", "qty"],
+}
+
+
+async def schema_commands(*via: str, urls: Sequence[str] = ()) -> None:
+    """``busmq schema`` set, get, versions, check and remove on queue ``ledger``."""
+    document = json.dumps(ORDER_SCHEMA).encode()
+    made = await busmq(*via, "--json", "schema", "ledger", "set", "-", stdin=document, urls=urls)
+    assert made.code == 0, made.err
+    assert made.json()["version"] == 1
+    got = await busmq(*via, "schema", "ledger", "get", urls=urls)
+    assert json.loads(got.out) == ORDER_SCHEMA
+    wider = json.dumps({**ORDER_SCHEMA, "required": ["id", "qty", "sku"]}).encode()
+    refused = await busmq(*via, "schema", "ledger", "set", stdin=wider, urls=urls)
+    assert refused.code == 4 and "field `sku` became required" in refused.err
+    lines = b'{"id": "a", "qty": 1}\n{"id": "b", "qty": "2"}\n'
+    checked = await busmq(*via, "schema", "ledger", "check", stdin=lines, urls=urls)
+    assert checked.code == 4, checked.err
+    assert "line 2 at /qty" in checked.out and "(type)" in checked.out
+    fits = await busmq(*via, "schema", "ledger", "check", stdin=lines[:22], urls=urls)
+    assert fits.code == 0 and "1 message(s) fit schema version 1" in fits.err
+    pushed = await busmq(*via, "push", "ledger", "--kind", "json", stdin=lines, urls=urls)
+    assert pushed.code == 4 and "qty" in pushed.err  # the push is refused whole
+    forced = await busmq(
+        *via, "schema", "ledger", "set", "--compatibility", "NONE", stdin=wider, urls=urls
+    )
+    assert forced.code == 0, forced.err
+    versions = (await busmq(*via, "--json", "schema", "ledger", "versions", urls=urls)).json()
+    assert (versions["current_version"], versions["compatibility"]) == (2, "NONE")
+    assert [v["version"] for v in versions["versions"]] == [1, 2]
+    assert (await busmq(*via, "schema", "ledger", "remove", urls=urls)).code == 0
+    assert "has no schema" in (await busmq(*via, "schema", "ledger", "get", urls=urls)).err
+
+
+async def test_schema_commands(redis_server: RedisServer, make_bus: Callable[..., Any]) -> None:
+    urls = [redis_server.url]
+    await (await make_bus(urls)).queue("ledger").attach(ttl=120)
+    await schema_commands(urls=urls)
+
+
+async def test_schema_commands_through_a_gateway(
+    redis_server: RedisServer, tmp_path: Path, make_bus: Callable[..., Any]
+) -> None:
+    secret_file = tmp_path / "secret"
+    secret_file.write_text("cli-gateway-secret-0123456789\n")
+    secret_file.chmod(0o600)
+    await (await make_bus([redis_server.url])).queue("ledger").attach(ttl=120)
+    gateway = GatewayProcess(redis_server.url, ("cli-gateway-secret-0123456789",))
+    await gateway.start()
+    try:
+        await schema_commands(
+            "--gateway", f"http://{gateway.target}", "--secret-file", str(secret_file)
+        )
     finally:
         await gateway.stop()

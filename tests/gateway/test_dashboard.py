@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from playwright.async_api import Browser, Page
 
-from busmq import Bus, Mode
+from busmq import Bus, JsonSchema, Mode
 from busmq.federation import FederationSettings, FederationTarget
 from busmq_gateway import Gateway, GatewaySettings
 from tests.conftest import fast_settings
@@ -190,4 +190,7 @@ async def test_queue_page_charts_its_hour_and_takes_admin_actions(
         await page.wait_for_selector("#dead td.empty")
         info = await orders.info()
         assert (info.paused, info.dead_letters, info.count) == (True, 0, 5)  # c d e f, and a
+        await orders.set_schema(JsonSchema({"type": "object"}))  # shown without a reload
+        await until_text(page, "#q-schema", "version 1 of 1 (BACKWARD)")
+        assert await page.get_attribute("#q-schema", "title") == '{\n  "type": "object"\n}'
         assert info.rate_limit is not None and info.rate_limit.limit == 5

@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from busmq import Bus
+from busmq import Bus, JsonSchema
 from tests.support.dashboard import ADMIN_SECRET, VIEWER_SECRET, admin_gateway, with_dead_letters
 from tests.support.redis_server import RedisServer
 
@@ -159,3 +159,19 @@ async def test_the_charts_hold_what_the_queue_went_through(served: tuple[Bus, st
     h = await until(lambda h: h["depth"][-1] == 7)
     assert max(h["push_rate"]) > 0 and h["t"] == sorted(h["t"])
     assert 0 in h["depth"]  # the hour before the push is in the chart too
+
+
+async def test_the_page_shows_the_schema_enforced(served: tuple[Bus, str]) -> None:
+    bus, base = served
+    checked = bus.queue("checked")
+    await checked.attach(ttl=60)
+    status, info = await call("GET", on(base, "", "checked"))
+    assert status == 200 and info["schema"] is None
+    await checked.set_schema(JsonSchema({"type": "object", "required": ["id"]}))
+    status, info = await call("GET", on(base, "", "checked"))
+    assert info["schema"] == {
+        "version": 1,
+        "versions": 1,
+        "compatibility": "BACKWARD",
+        "document": {"type": "object", "required": ["id"]},
+    }

@@ -62,6 +62,11 @@ export class Delivery {
     return { ...this.message.headers };
   }
 
+  /** The version of the queue's schema the message was checked against (0: none). */
+  get schemaVersion(): number {
+    return this.message.schemaVersion;
+  }
+
   /** At-least-once: acknowledge (acks of one tick share one call); a no-op otherwise. */
   ack(): Promise<void> {
     return this.consumer.ack(this.id);

@@ -2,7 +2,7 @@
 // callers branch on the class (or `reason`), never on the message text.
 
 import { Code, ConnectError } from "@connectrpc/connect";
-import { ErrorInfoSchema } from "./gen/google/rpc/error_details_pb.js";
+import { BadRequestSchema, ErrorInfoSchema } from "./gen/google/rpc/error_details_pb.js";
 
 const TRANSPORT = new Set([Code.Aborted, Code.Internal, Code.Unknown]);
 
@@ -92,6 +92,34 @@ export class ProducerFencedError extends BusError {
   }
 }
 
+/** One problem of a refused request (a google.rpc.BadRequest field violation). */
+export interface FieldViolation {
+  /** For a push: `messages[<index>]<JSON pointer>`; for a schema: `json_schema`. */
+  field: string;
+  /** The JSON Schema keyword broken, or SCHEMA_INCOMPATIBLE. */
+  reason: string;
+  description: string;
+}
+
+/** A push refused whole because messages do not fit the queue's schema. */
+export class SchemaError extends BusError {
+  /** Each problem: which message (`messages[<index>]`), where (the JSON pointer), why. */
+  violations: FieldViolation[] = [];
+  /** The schema version the messages were checked against. */
+  get version(): number {
+    return Number(this.metadata.schema_version ?? Number.NaN);
+  }
+}
+/** A new schema version that breaks the queue's compatibility mode; the queue keeps its
+ * version. */
+export class SchemaIncompatibleError extends BusError {
+  violations: FieldViolation[] = [];
+  /** Each change that breaks the mode, e.g. "field `qty` changed type integer -> string". */
+  get breaks(): string[] {
+    return this.violations.map((v) => v.description);
+  }
+}
+
 type ErrorClass = new (
   message: string,
   code: Code,
@@ -122,6 +150,9 @@ const BY_REASON: Record<string, ErrorClass> = {
   DURABILITY_NOT_CONFIRMED: DurabilityError,
   REDIS_UNAVAILABLE: UnavailableError,
   SHUTTING_DOWN: UnavailableError,
+  SCHEMA: SchemaError,
+  SCHEMA_INCOMPATIBLE: SchemaIncompatibleError,
+  INVALID_SCHEMA: InvalidArgumentError,
 };
 
 const BY_CODE: Partial<Record<Code, ErrorClass>> = {
@@ -143,7 +174,13 @@ export function toBusError(error: unknown): BusError {
   const reason = info?.reason || Code[connect.code];
   const metadata = { ...(info?.metadata ?? {}) };
   const Class = (info && BY_REASON[info.reason]) || BY_CODE[connect.code] || BusError;
-  return new Class(connect.rawMessage, connect.code, reason, metadata, { cause: error });
+  const typed = new Class(connect.rawMessage, connect.code, reason, metadata, { cause: error });
+  if (typed instanceof SchemaError || typed instanceof SchemaIncompatibleError) {
+    typed.violations = connect.findDetails(BadRequestSchema).flatMap((found) =>
+      found.fieldViolations.map((v) => ({ field: v.field, reason: v.reason, description: v.description })),
+    );
+  }
+  return typed;
 }
 
 /** Whether a stream that ended with `error` is to be reopened: it broke on the way (the

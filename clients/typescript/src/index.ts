@@ -28,4 +28,5 @@ export {
   type ServeOptions,
   ServiceHandle,
 } from "./service.js";
+export type { Compatibility, QueueSchema, SchemaVersion, SchemaViolation } from "./queue_schema.js";
 export { Tracing, type TracingOptions } from "./tracing.js";

@@ -14,6 +14,16 @@ import {
   type StoredMessage,
   updateControls,
 } from "./queue_admin.js";
+import {
+  checkSchema,
+  type Compatibility,
+  getSchema,
+  type QueueSchema,
+  removeSchema,
+  type SchemaVersion,
+  type SchemaViolation,
+  setSchema,
+} from "./queue_schema.js";
 
 export interface AttachOptions {
   /** Seconds the queue survives its last detach (default: the gateway's). */
@@ -248,6 +258,30 @@ export class QueueHandle {
    * consumers (FAILED_PRECONDITION, reason ORDERING, on a replay queue). */
   async setOrdering(key: string | null): Promise<void> {
     await updateControls(this.client, this.name, { orderingKey: key ?? "" });
+  }
+
+  /** Enforce a JSON Schema (draft 2020-12) on every push from now on, as the queue's next
+   * version. It must be compatible with the earlier ones under the queue's mode
+   * (`compatibility` sets it; BACKWARD unless set): else SchemaIncompatibleError, whose
+   * `breaks` name each change. A push that does not fit throws SchemaError (its
+   * `violations`), and nothing of its batch is stored. */
+  async setSchema(schema: unknown, options: { compatibility?: Compatibility } = {}): Promise<SchemaVersion> {
+    return setSchema(this.client, this.name, schema, options.compatibility);
+  }
+
+  /** The queue's schema: the version enforced (0: none), the mode and every version. */
+  async schema(): Promise<QueueSchema> {
+    return getSchema(this.client, this.name);
+  }
+
+  /** Stop checking pushes (the versions are kept). */
+  async removeSchema(): Promise<void> {
+    await removeSchema(this.client, this.name);
+  }
+
+  /** What of `values` would not fit the queue's schema, without pushing them. */
+  async checkSchema(values: Payload[]): Promise<SchemaViolation[]> {
+    return checkSchema(this.client, this.name, values);
   }
 
   /** Move dead letters back into the queue as new messages, oldest first: those with

@@ -5,7 +5,7 @@ import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
 import { describe, test } from "node:test";
 import { promisify } from "node:util";
-import type { Delivery } from "../src/index.js";
+import { type Delivery, SchemaError, SchemaIncompatibleError } from "../src/index.js";
 import { liveGateway, PYTHON, ROOT } from "./support.js";
 
 const run = promisify(execFile);
@@ -112,6 +112,42 @@ describe("controls, dead letters, listings and persistables through a live gatew
     await consumer.stop();
     await orders.setOrdering(null);
     assert.equal((await orders.info()).orderingKey, "");
+  });
+
+  test("schemas: a push that does not fit is refused whole, with where and why", async () => {
+    const { client } = live();
+    const orders = client.queue("ts-schema");
+    await orders.attach();
+    const schema = {
+      type: "object",
+      properties: { id: { type: "string" }, qty: { type: "integer" } },
+      required: ["id", "qty"],
+    };
+    const first = await orders.setSchema(schema);
+    assert.equal(first.version, 1);
+    await orders.push({ id: "a", qty: 1 });
+    await assert.rejects(orders.pushBatch([{ id: "b", qty: 1 }, { id: "c", qty: "2" }]), (error) => {
+      assert.ok(error instanceof SchemaError);
+      assert.equal(error.version, 1);
+      assert.deepEqual(
+        error.violations.map((v) => [v.field, v.reason]),
+        [["messages[1]/qty", "type"]],
+      );
+      return true;
+    });
+    await assert.rejects(orders.setSchema({ ...schema, required: ["id", "qty", "sku"] }), (error) => {
+      assert.ok(error instanceof SchemaIncompatibleError);
+      assert.deepEqual(error.breaks, ["field `sku` became required"]);
+      return true;
+    });
+    const violations = await orders.checkSchema([{ id: "d" }]);
+    assert.deepEqual(violations.map((v) => [v.index, v.rule]), [[0, "required"]]);
+    const consumer = orders.consume({ mode: "at-most-once", max: 1 });
+    const delivered = await next(consumer[Symbol.asyncIterator]());
+    assert.deepEqual([delivered.data, delivered.schemaVersion], [{ id: "a", qty: 1 }, 1]);
+    await orders.removeSchema();
+    const state = await orders.schema();
+    assert.deepEqual([state.current, state.compatibility, state.versions.length], [0, "BACKWARD", 1]);
   });
 
   test("listQueues pages through the queues of a prefix with their counts", async () => {

@@ -8,6 +8,7 @@
     busmq copy Q --into Q2            replay a range of ids into another queue
     busmq export Q FILE               JSON lines with ids, headers and payloads
     busmq import FILE Q               push an export's messages, in order
+    busmq schema Q get|versions|set|check|remove [FILE]   the queue's schema
     busmq federation status --metrics URL   links, outboxes and lag of running apps
     busmq demo                        a producer and a consumer on a demo queue
 
@@ -36,7 +37,7 @@ from pathlib import Path
 from ..errors import BusError, InvalidMessageError, QueueNotFoundError
 from ..private import read_secret_file
 from ..settings import BusSettings
-from . import commands, federation, transfer
+from . import commands, federation, schema, transfer
 from .admin import Admin, LocalAdmin, running_embedded
 from .output import Output
 from .records import RecordError
@@ -115,6 +116,8 @@ def _parser() -> argparse.ArgumentParser:
     imp.add_argument("queue")
     imp.add_argument("--ttl", type=float, help="the queue's ttl if this creates it")
 
+    schema.add_parser(sub)
+
     fed = sub.add_parser("federation", help="federation links of running applications")
     fed_sub = fed.add_subparsers(dest="action", required=True, metavar="ACTION")
     fed_sub.add_parser = functools.partial(fed_sub.add_parser, parents=[after])  # type: ignore[method-assign]
@@ -147,6 +150,7 @@ COMMANDS: dict[str, Command] = {
     "copy": transfer.copy,
     "export": transfer.export,
     "import": transfer.import_,
+    "schema": schema.schema,
 }
 
 

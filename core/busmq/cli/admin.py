@@ -10,13 +10,14 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from .. import inventory
+from .. import inventory, queue_schema
 from ..bus import Bus
 from ..errors import QueueNotFoundError
 from ..inventory import QueueStats
 from ..keys import dead_letter_name
 from ..message import EncodedMessage, Message
 from ..queue import Queue
+from ..schemas import Compatibility, JsonSchema, SchemaVersion, Violation
 from ..settings import BusSettings
 
 
@@ -48,7 +49,32 @@ class Admin(Protocol):
 
     async def purge(self, name: str) -> None: ...
 
+    async def schema(self, name: str) -> SchemaState:
+        """The queue's schema: current version, mode and every version."""
+        ...
+
+    async def set_schema(
+        self, name: str, document: Any, compatibility: Compatibility | None
+    ) -> SchemaVersion: ...
+
+    async def remove_schema(self, name: str) -> None: ...
+
+    async def check_schema(
+        self, name: str, messages: Sequence[EncodedMessage]
+    ) -> tuple[int, list[Violation]] | None:
+        """What of ``messages`` does not fit the queue's schema (``None``: it has none)."""
+        ...
+
     async def close(self) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class SchemaState:
+    """What ``busmq schema`` shows of a queue's schema."""
+
+    current: int | None
+    compatibility: Compatibility
+    versions: list[SchemaVersion]
 
 
 def details(stats: QueueStats, **extra: Any) -> dict[str, Any]:
@@ -141,6 +167,29 @@ class LocalAdmin:
         if not await dead.exists():
             raise QueueNotFoundError(dead.name)
         await dead.flush()
+
+    async def schema(self, name: str) -> SchemaState:
+        queue = self.bus.queue(name)
+        await queue.store.require_exists()
+        current, mode, versions = await queue_schema.versions(queue.store)
+        return SchemaState(current, mode, versions)
+
+    async def set_schema(
+        self, name: str, document: Any, compatibility: Compatibility | None
+    ) -> SchemaVersion:
+        return await self.bus.queue(name).set_schema(
+            JsonSchema(document), compatibility=compatibility
+        )
+
+    async def remove_schema(self, name: str) -> None:
+        await self.bus.queue(name).remove_schema()
+
+    async def check_schema(
+        self, name: str, messages: Sequence[EncodedMessage]
+    ) -> tuple[int, list[Violation]] | None:
+        queue = self.bus.queue(name)
+        await queue.store.require_exists()
+        return await queue.check_schema([m.payload for m in messages])
 
     async def close(self) -> None:
         for queue in self._attached.values():

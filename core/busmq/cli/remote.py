@@ -4,6 +4,7 @@ QueueService RPCs, with the gateway's secret and, for ``https://``, its CA."""
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,9 +19,11 @@ from ..federation.settings import grpc_address, normalize_url
 from ..inventory import QueueStats
 from ..keys import dead_letter_name
 from ..message import EncodedMessage, Message
+from ..schemas import Compatibility, JsonSchema, SchemaVersion, Violation
 from ..v1 import queue_service_pb2 as pb
 from ..v1 import queue_service_pb2_grpc
-from .admin import details
+from ..wire import COMPATIBILITY_FROM_PROTO, COMPATIBILITY_TO_PROTO
+from .admin import SchemaState, details
 
 PAGE = 1000
 MAX_MESSAGE = 64 * 1024 * 1024
@@ -135,6 +138,40 @@ class GatewayAdmin:
         await self._call("GetQueue", pb.GetQueueRequest(queue=dead), dead)  # NOT_FOUND if none
         await self._call("FlushQueue", pb.FlushQueueRequest(queue=dead), dead)
 
+    async def schema(self, name: str) -> SchemaState:
+        request = pb.GetQueueSchemaRequest(queue=name)
+        response = await self._call("GetQueueSchema", request, name)
+        mode = COMPATIBILITY_FROM_PROTO.get(response.compatibility, Compatibility.BACKWARD)
+        versions = [_version(v) for v in response.versions]
+        return SchemaState(response.current_version or None, mode, versions)
+
+    async def set_schema(
+        self, name: str, document: Any, compatibility: Compatibility | None
+    ) -> SchemaVersion:
+        request = pb.SetQueueSchemaRequest(
+            queue=name,
+            json_schema=json.dumps(document),
+            compatibility=(
+                pb.SCHEMA_COMPATIBILITY_UNSPECIFIED
+                if compatibility is None
+                else COMPATIBILITY_TO_PROTO[compatibility]
+            ),
+        )
+        return _version((await self._call("SetQueueSchema", request, name)).version)
+
+    async def remove_schema(self, name: str) -> None:
+        await self._call("RemoveQueueSchema", pb.RemoveQueueSchemaRequest(queue=name), name)
+
+    async def check_schema(
+        self, name: str, messages: Sequence[EncodedMessage]
+    ) -> tuple[int, list[Violation]] | None:
+        request = pb.CheckQueueSchemaRequest(queue=name, messages=outgoing(messages))
+        response = await self._call("CheckQueueSchema", request, name)
+        if not response.version:
+            return None
+        found = [Violation(v.index, v.pointer, v.rule, v.message) for v in response.violations]
+        return response.version, found
+
     async def close(self) -> None:
         for name, attachment in self._attachments.items():
             with contextlib.suppress(Exception):
@@ -168,6 +205,11 @@ def _stats(summary: pb.QueueSummary) -> QueueStats:
         ordered_keys_in_flight=summary.ordered_keys_in_flight,
         ordered_waiting=summary.ordered_waiting,
     )
+
+
+def _version(proto: pb.SchemaVersion) -> SchemaVersion:
+    created = proto.create_time.ToMilliseconds()
+    return SchemaVersion(proto.version, JsonSchema(json.loads(proto.json_schema)), created)
 
 
 def _limit(proto: pb.RateLimit) -> RateLimit:

@@ -55,6 +55,13 @@ from ..errors import (
     ServiceError,
     UnknownMessageError,
 )
+from ..schemas import (
+    Compatibility,
+    InvalidSchemaError,
+    SchemaCompatibilityError,
+    SchemaError,
+    Violation,
+)
 
 # Codes after which a call may be retried as is (AIP-194), and a push goes to the outbox.
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
@@ -168,14 +175,42 @@ _CODES = {code.value[0]: code for code in grpc.StatusCode}
 def from_rpc_error(error: grpc.aio.AioRpcError, *, queue: str, target: str) -> BusError:
     """The busmq exception for a failed call on ``queue`` through ``target``."""
     reason, metadata = error_info(error)
-    return _from_failure(error.code(), error.details() or "", reason, metadata, queue, target)
+    failure = _from_failure(error.code(), error.details() or "", reason, metadata, queue, target)
+    if reason.startswith("SCHEMA"):
+        try:
+            status = rpc_status.from_call(error)
+        except ValueError:
+            status = None
+        if status is not None:
+            return schema_failure(failure, status)
+    return failure
 
 
 def from_status(status: status_pb2.Status, *, queue: str, target: str) -> BusError:
     """The busmq exception for a failed push of a ``PushMany`` (its ``google.rpc.Status``
     is what the call of a single ``Push`` would have ended with)."""
     reason, metadata = status_info(status)
-    return _from_failure(status_code(status), status.message, reason, metadata, queue, target)
+    failure = _from_failure(status_code(status), status.message, reason, metadata, queue, target)
+    return schema_failure(failure, status)
+
+
+def schema_failure(failure: BusError, status: status_pb2.Status) -> BusError:
+    """``failure`` with the problems of a schema refusal filled in from the status's
+    ``google.rpc.BadRequest`` (each field violation: ``messages[<index>]<pointer>``)."""
+    found = error_details_pb2.BadRequest()
+    if not any(d.Unpack(found) for d in status.details if d.Is(found.DESCRIPTOR)):
+        return failure
+    if isinstance(failure, SchemaError):
+        problems = []
+        for v in found.field_violations:
+            index, _, pointer = v.field.removeprefix("messages[").partition("]")
+            message = v.description.removeprefix(f"{v.reason}: ")
+            problems.append(Violation(int(index or 0), pointer, v.reason, message))
+        return SchemaError(failure.queue, failure.version, problems)
+    if isinstance(failure, SchemaCompatibilityError):
+        breaks = [v.description for v in found.field_violations]
+        return SchemaCompatibilityError(failure.queue, failure.mode, failure.against, breaks)
+    return failure
 
 
 def _from_failure(
@@ -198,9 +233,31 @@ def _from_failure(
             )
         if reason == "INVALID_MESSAGE":
             return InvalidMessageError(message)
-        return InvalidRequestError(message)
+        return _invalid(reason, metadata, message, queue)
     if code is grpc.StatusCode.FAILED_PRECONDITION:
         return _precondition(reason, metadata, message, queue)
+    return _from_other(code, reason, metadata, message, queue, target)
+
+
+def _invalid(reason: str, metadata: dict[str, str], message: str, queue: str) -> BusError:
+    if reason == "SCHEMA":  # its violations: schema_failure, from the BadRequest
+        return SchemaError(queue, _int(metadata, "schema_version"), [])
+    if reason == "SCHEMA_INCOMPATIBLE":
+        mode = metadata.get("compatibility") or "BACKWARD"
+        return SchemaCompatibilityError(queue, Compatibility(mode), _int(metadata, "against"), [])
+    if reason == "INVALID_SCHEMA":
+        return InvalidSchemaError(message)
+    return InvalidRequestError(message)
+
+
+def _from_other(
+    code: grpc.StatusCode,
+    reason: str,
+    metadata: dict[str, str],
+    message: str,
+    queue: str,
+    target: str,
+) -> BusError:
     if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
         if reason == "QUEUE_FULL":
             return QueueFullError(queue, _int(metadata, "max_backlog"))

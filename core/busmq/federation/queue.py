@@ -47,6 +47,7 @@ from ..keys import validate_name
 from ..message import Delivery, EncodedMessage, encode_item
 from ..pushing import Item, PushOptions, PushResult
 from ..queue_api import AttachOptions, Owner, QueueAPI
+from ..schemas import SchemaError
 from ..v1 import queue_service_pb2 as pb
 from .backoff import Backoff
 from .consume_stream import RemoteReader
@@ -54,6 +55,7 @@ from .convert import duration, outgoing, seconds
 from .errors import AmbiguousPush, RemoteError, error_reason, from_rpc_error
 from .link import Link, LinkState
 from .linked import Linked
+from .remote_schema import RemoteSchema
 
 if TYPE_CHECKING:
     from .context import FederationContext
@@ -168,6 +170,7 @@ class RemoteQueueBackend:
         self._lease = 0.0
         self._renewer: asyncio.Task[None] | None = None
         self.renew_now = asyncio.Event()
+        self.schema = RemoteSchema(self.name)
 
     @property
     def attached(self) -> bool:
@@ -205,6 +208,7 @@ class RemoteQueueBackend:
         self._attach_request = request
         self._lease = seconds(response.lease_duration) or 15.0
         self._manager.note_attached(self._queue(), self.name, True)
+        await self.schema.refresh(self.call)
         return bool(response.created)
 
     async def release(self) -> None:
@@ -287,6 +291,7 @@ class RemoteQueueBackend:
         self.require_open()
         if not encoded:
             return PushResult([], False)
+        self.schema.check([m.payload for m in encoded])  # before the link or the outbox
         request = pb.PushRequest(
             queue=self.name,
             messages=outgoing(encoded),
@@ -299,7 +304,11 @@ class RemoteQueueBackend:
             request.producer, request.producer_epoch = producer.name, producer.epoch
             request.producer_sequence = options.sequenced.sequence
         set_timing(request, options.delay, options.at, options.ttl, options.expires_at)
-        response = await push_or_queue(self._manager, self.link, request, len(encoded))
+        try:
+            response = await push_or_queue(self._manager, self.link, request, len(encoded))
+        except SchemaError:
+            await self.schema.refresh(self.call)  # the version this process knew is old
+            raise
         if response is None:
             return None
         return PushResult(list(response.ids), bool(response.duplicate))

@@ -263,11 +263,13 @@ local function promote_delayed(q, id)
   local packed = redis.call('HGET', q.delayed, id)
   if not packed then return end
   redis.call('HDEL', q.delayed, id)
-  local m = cmsgpack.unpack(packed) -- {payload, kind, pushed ms, headers, expires ms}
+  -- {payload, kind, pushed ms, headers, expires ms[, schema version]}
+  local m = cmsgpack.unpack(packed)
   local sid = next_position(q)
   local args = {'XADD', q.stream, sid, 'p', m[1], 'k', m[2], 't', m[3], 'i', id}
   if m[4] ~= '' then args[#args + 1] = 'h'; args[#args + 1] = m[4] end
   if m[5] ~= '' then args[#args + 1] = 'e'; args[#args + 1] = m[5] end
+  if m[6] and m[6] ~= '' then args[#args + 1] = 'sv'; args[#args + 1] = m[6] end
   redis.call(unpack(args))
   redis.call('HSET', q.alias, id, sid)
 end

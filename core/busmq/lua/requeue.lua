@@ -1,14 +1,19 @@
 -- Move dead letters back to their queue, as new messages (new ids, at the end: the
 -- consumer group has moved past their old positions). Their headers lose the
 -- busmq-dead-* entries and gain busmq-requeued-id (the id they had in the queue).
--- KEYS: QueueKeys.with_dead_letters() of the queue. ARGV: limit (0: none), then the
--- dead-letter ids to move (none: every one, oldest first, up to limit).
+-- KEYS: QueueKeys.with_dead_letters() of the queue. ARGV: limit (0: none), the schema
+-- version the listed ids were checked against ('' none: refused with SCHEMA <current>
+-- when the queue has one, as a push is), then the dead-letter ids to move (none: every
+-- one, oldest first, up to limit).
 -- Returns the ids the messages have in the queue now.
 local q, dq = queue_keys(KEYS, 1), queue_keys(KEYS, 1 + QUEUE_KEYS)
 if redis.call('EXISTS', q.info) == 0 then return redis.error_reply('NOQUEUE queue does not exist') end
+local version = ARGV[2]
+local current = redis.call('HGET', q.info, 'schema') or ''
+if current ~= version then return redis.error_reply('SCHEMA ' .. current) end
 local entries = {}
-if #ARGV > 1 then
-  for i = 2, #ARGV do
+if #ARGV > 2 then
+  for i = 3, #ARGV do
     local entry = redis.call('XRANGE', dq.stream, ARGV[i] .. '-0', ARGV[i] .. '-0')[1]
     if entry then entries[#entries + 1] = entry end
   end
@@ -33,8 +38,10 @@ for _, entry in ipairs(entries) do
   if original then headers['busmq-requeued-id'] = original end
   local encoded = next(headers) and cjson.encode(headers) or ''
   local id = redis.call('HINCRBY', q.info, 'seq', 1)
-  redis.call('XADD', q.stream, id .. '-0', 'p', field(entry[2], 'p') or '', 'k',
-    field(entry[2], 'k') or 'b', 't', now, 'h', encoded)
+  local args = {'XADD', q.stream, id .. '-0', 'p', field(entry[2], 'p') or '', 'k',
+    field(entry[2], 'k') or 'b', 't', now, 'h', encoded}
+  if version ~= '' then args[#args + 1] = 'sv'; args[#args + 1] = version end
+  redis.call(unpack(args))
   redis.call('XACK', dq.stream, GROUP, entry[1])
   redis.call('XDEL', dq.stream, entry[1])
   ids[#ids + 1] = id

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..cluster import sync_cluster_client
 from ..keys import QueueKeys, validate_name
 from ..message import F_HEADERS, F_KIND, F_PAYLOAD, F_TIME, PayloadKind
+from ..schemas import Compiled, JsonSchema, SchemaError
 from ..scripts import script_source
 from ..sentinel import sync_master_client
 from ..settings import mask_url
@@ -388,19 +389,30 @@ def push(
         sequenced = ""
     else:
         sequenced = f"0 {producer[1]} {producer[0]}"
+    version = c.hget(keys.info, "schema")
     try:
-        reply = c.eval(
-            push_script(),
-            len(script_keys),
-            *script_keys,
-            int(dedupe_seconds * 1000),
-            keys.notify_channel,
-            "",  # due now
-            "",  # never expires
-            3,  # (payload, kind, headers) per message
-            sequenced,
-            *flat,
-        )
+        for _ in range(3):
+            try:
+                reply = c.eval(
+                    push_script(),
+                    len(script_keys),
+                    *script_keys,
+                    int(dedupe_seconds * 1000),
+                    keys.notify_channel,
+                    "",  # due now
+                    "",  # never expires
+                    3,  # (payload, kind, headers) per message
+                    sequenced,
+                    _checked(c, name, version, flat),
+                    *flat,
+                )
+                break
+            except redis_module.ResponseError as exc:
+                if not str(exc).startswith("SCHEMA"):
+                    raise
+                version = str(exc).removeprefix("SCHEMA").strip() or None  # changed: again
+        else:
+            raise RuntimeError(f"busmq queue {name!r}: its schema kept changing")
     except redis_module.ResponseError as exc:
         text = str(exc)
         if "NOQUEUE" in text:
@@ -409,6 +421,28 @@ def push(
             raise RuntimeError(f"busmq queue {name!r} is full ({text})") from None
         raise
     return int(reply[0]), bool(reply[1])
+
+
+_compiled: dict[tuple[str, int], Compiled] = {}
+
+
+def _checked(c: redis.Redis, name: str, version: Any, flat: list[bytes | str]) -> str:
+    """The push script's schema argument: ``flat``'s payloads checked against the
+    queue's schema ``version`` (``''``: none); a ``SchemaError`` names the first rows of
+    the batch that do not fit."""
+    if version is None:
+        return ""
+    number = int(version)
+    compiled = _compiled.get((name, number))
+    if compiled is None:
+        stored = json.loads(c.hget(QueueKeys(name).info, f"sch:{number}") or "{}")
+        compiled = Compiled(number, JsonSchema(stored["document"]))
+        _compiled[(name, number)] = compiled
+    payloads = [p if isinstance(p, bytes) else p.encode() for p in flat[::3]]
+    violations = compiled.violations(payloads)
+    if violations:
+        raise SchemaError(name, number, violations)
+    return str(number)
 
 
 def encode_row(

@@ -5,12 +5,112 @@ from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.rpc import status_pb2 as _status_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class SchemaCompatibility(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SCHEMA_COMPATIBILITY_UNSPECIFIED: _ClassVar[SchemaCompatibility]
+    SCHEMA_COMPATIBILITY_BACKWARD: _ClassVar[SchemaCompatibility]
+    SCHEMA_COMPATIBILITY_BACKWARD_TRANSITIVE: _ClassVar[SchemaCompatibility]
+    SCHEMA_COMPATIBILITY_FORWARD: _ClassVar[SchemaCompatibility]
+    SCHEMA_COMPATIBILITY_FORWARD_TRANSITIVE: _ClassVar[SchemaCompatibility]
+    SCHEMA_COMPATIBILITY_FULL: _ClassVar[SchemaCompatibility]
+    SCHEMA_COMPATIBILITY_FULL_TRANSITIVE: _ClassVar[SchemaCompatibility]
+    SCHEMA_COMPATIBILITY_NONE: _ClassVar[SchemaCompatibility]
+SCHEMA_COMPATIBILITY_UNSPECIFIED: SchemaCompatibility
+SCHEMA_COMPATIBILITY_BACKWARD: SchemaCompatibility
+SCHEMA_COMPATIBILITY_BACKWARD_TRANSITIVE: SchemaCompatibility
+SCHEMA_COMPATIBILITY_FORWARD: SchemaCompatibility
+SCHEMA_COMPATIBILITY_FORWARD_TRANSITIVE: SchemaCompatibility
+SCHEMA_COMPATIBILITY_FULL: SchemaCompatibility
+SCHEMA_COMPATIBILITY_FULL_TRANSITIVE: SchemaCompatibility
+SCHEMA_COMPATIBILITY_NONE: SchemaCompatibility
+
+class SchemaVersion(_message.Message):
+    __slots__ = ("version", "json_schema", "create_time")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    json_schema: str
+    create_time: _timestamp_pb2.Timestamp
+    def __init__(self, version: _Optional[int] = ..., json_schema: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class SetQueueSchemaRequest(_message.Message):
+    __slots__ = ("queue", "json_schema", "compatibility")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    COMPATIBILITY_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    json_schema: str
+    compatibility: SchemaCompatibility
+    def __init__(self, queue: _Optional[str] = ..., json_schema: _Optional[str] = ..., compatibility: _Optional[_Union[SchemaCompatibility, str]] = ...) -> None: ...
+
+class SetQueueSchemaResponse(_message.Message):
+    __slots__ = ("version",)
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    version: SchemaVersion
+    def __init__(self, version: _Optional[_Union[SchemaVersion, _Mapping]] = ...) -> None: ...
+
+class GetQueueSchemaRequest(_message.Message):
+    __slots__ = ("queue",)
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    def __init__(self, queue: _Optional[str] = ...) -> None: ...
+
+class GetQueueSchemaResponse(_message.Message):
+    __slots__ = ("current_version", "compatibility", "versions")
+    CURRENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    COMPATIBILITY_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    current_version: int
+    compatibility: SchemaCompatibility
+    versions: _containers.RepeatedCompositeFieldContainer[SchemaVersion]
+    def __init__(self, current_version: _Optional[int] = ..., compatibility: _Optional[_Union[SchemaCompatibility, str]] = ..., versions: _Optional[_Iterable[_Union[SchemaVersion, _Mapping]]] = ...) -> None: ...
+
+class RemoveQueueSchemaRequest(_message.Message):
+    __slots__ = ("queue",)
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    def __init__(self, queue: _Optional[str] = ...) -> None: ...
+
+class RemoveQueueSchemaResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CheckQueueSchemaRequest(_message.Message):
+    __slots__ = ("queue", "messages")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    messages: _containers.RepeatedCompositeFieldContainer[_types_pb2.OutgoingMessage]
+    def __init__(self, queue: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_types_pb2.OutgoingMessage, _Mapping]]] = ...) -> None: ...
+
+class CheckQueueSchemaResponse(_message.Message):
+    __slots__ = ("version", "violations")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    VIOLATIONS_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    violations: _containers.RepeatedCompositeFieldContainer[SchemaViolation]
+    def __init__(self, version: _Optional[int] = ..., violations: _Optional[_Iterable[_Union[SchemaViolation, _Mapping]]] = ...) -> None: ...
+
+class SchemaViolation(_message.Message):
+    __slots__ = ("index", "pointer", "rule", "message")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    POINTER_FIELD_NUMBER: _ClassVar[int]
+    RULE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    pointer: str
+    rule: str
+    message: str
+    def __init__(self, index: _Optional[int] = ..., pointer: _Optional[str] = ..., rule: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class AttachQueueRequest(_message.Message):
     __slots__ = ("queue", "ttl", "max_length", "max_age", "max_backlog", "remove_max_backlog")

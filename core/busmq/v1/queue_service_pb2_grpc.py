@@ -129,6 +129,26 @@ class QueueServiceStub:
                 request_serializer=busmq_dot_v1_dot_queue__service__pb2.BrowseQueueRequest.SerializeToString,
                 response_deserializer=busmq_dot_v1_dot_queue__service__pb2.BrowseQueueResponse.FromString,
                 _registered_method=True)
+        self.SetQueueSchema = channel.unary_unary(
+                '/busmq.v1.QueueService/SetQueueSchema',
+                request_serializer=busmq_dot_v1_dot_queue__service__pb2.SetQueueSchemaRequest.SerializeToString,
+                response_deserializer=busmq_dot_v1_dot_queue__service__pb2.SetQueueSchemaResponse.FromString,
+                _registered_method=True)
+        self.GetQueueSchema = channel.unary_unary(
+                '/busmq.v1.QueueService/GetQueueSchema',
+                request_serializer=busmq_dot_v1_dot_queue__service__pb2.GetQueueSchemaRequest.SerializeToString,
+                response_deserializer=busmq_dot_v1_dot_queue__service__pb2.GetQueueSchemaResponse.FromString,
+                _registered_method=True)
+        self.RemoveQueueSchema = channel.unary_unary(
+                '/busmq.v1.QueueService/RemoveQueueSchema',
+                request_serializer=busmq_dot_v1_dot_queue__service__pb2.RemoveQueueSchemaRequest.SerializeToString,
+                response_deserializer=busmq_dot_v1_dot_queue__service__pb2.RemoveQueueSchemaResponse.FromString,
+                _registered_method=True)
+        self.CheckQueueSchema = channel.unary_unary(
+                '/busmq.v1.QueueService/CheckQueueSchema',
+                request_serializer=busmq_dot_v1_dot_queue__service__pb2.CheckQueueSchemaRequest.SerializeToString,
+                response_deserializer=busmq_dot_v1_dot_queue__service__pb2.CheckQueueSchemaResponse.FromString,
+                _registered_method=True)
 
 
 class QueueServiceServicer:
@@ -280,6 +300,39 @@ class QueueServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetQueueSchema(self, request, context):
+        """Adds a version of a queue's schema (a JSON Schema, draft 2020-12), checked against the
+        earlier versions under the queue's compatibility mode: an incompatible one is refused
+        INVALID_ARGUMENT (SCHEMA_INCOMPATIBLE, a BadRequest field violation per break), a
+        malformed one INVALID_ARGUMENT (INVALID_SCHEMA). From then on every push to the queue
+        is checked: a message that does not fit refuses its whole push INVALID_ARGUMENT
+        (SCHEMA, a BadRequest field violation per problem: `messages[<index>]<JSON pointer>`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetQueueSchema(self, request, context):
+        """Returns a queue's schema: the version enforced, the compatibility mode, every version.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveQueueSchema(self, request, context):
+        """Stops checking pushes to a queue (its versions are kept).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CheckQueueSchema(self, request, context):
+        """Checks messages against a queue's schema without pushing them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_QueueServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -372,6 +425,26 @@ def add_QueueServiceServicer_to_server(servicer, server):
                     servicer.BrowseQueue,
                     request_deserializer=busmq_dot_v1_dot_queue__service__pb2.BrowseQueueRequest.FromString,
                     response_serializer=busmq_dot_v1_dot_queue__service__pb2.BrowseQueueResponse.SerializeToString,
+            ),
+            'SetQueueSchema': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetQueueSchema,
+                    request_deserializer=busmq_dot_v1_dot_queue__service__pb2.SetQueueSchemaRequest.FromString,
+                    response_serializer=busmq_dot_v1_dot_queue__service__pb2.SetQueueSchemaResponse.SerializeToString,
+            ),
+            'GetQueueSchema': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetQueueSchema,
+                    request_deserializer=busmq_dot_v1_dot_queue__service__pb2.GetQueueSchemaRequest.FromString,
+                    response_serializer=busmq_dot_v1_dot_queue__service__pb2.GetQueueSchemaResponse.SerializeToString,
+            ),
+            'RemoveQueueSchema': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveQueueSchema,
+                    request_deserializer=busmq_dot_v1_dot_queue__service__pb2.RemoveQueueSchemaRequest.FromString,
+                    response_serializer=busmq_dot_v1_dot_queue__service__pb2.RemoveQueueSchemaResponse.SerializeToString,
+            ),
+            'CheckQueueSchema': grpc.unary_unary_rpc_method_handler(
+                    servicer.CheckQueueSchema,
+                    request_deserializer=busmq_dot_v1_dot_queue__service__pb2.CheckQueueSchemaRequest.FromString,
+                    response_serializer=busmq_dot_v1_dot_queue__service__pb2.CheckQueueSchemaResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -865,6 +938,114 @@ class QueueService:
             '/busmq.v1.QueueService/BrowseQueue',
             busmq_dot_v1_dot_queue__service__pb2.BrowseQueueRequest.SerializeToString,
             busmq_dot_v1_dot_queue__service__pb2.BrowseQueueResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetQueueSchema(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/busmq.v1.QueueService/SetQueueSchema',
+            busmq_dot_v1_dot_queue__service__pb2.SetQueueSchemaRequest.SerializeToString,
+            busmq_dot_v1_dot_queue__service__pb2.SetQueueSchemaResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetQueueSchema(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/busmq.v1.QueueService/GetQueueSchema',
+            busmq_dot_v1_dot_queue__service__pb2.GetQueueSchemaRequest.SerializeToString,
+            busmq_dot_v1_dot_queue__service__pb2.GetQueueSchemaResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveQueueSchema(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/busmq.v1.QueueService/RemoveQueueSchema',
+            busmq_dot_v1_dot_queue__service__pb2.RemoveQueueSchemaRequest.SerializeToString,
+            busmq_dot_v1_dot_queue__service__pb2.RemoveQueueSchemaResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CheckQueueSchema(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/busmq.v1.QueueService/CheckQueueSchema',
+            busmq_dot_v1_dot_queue__service__pb2.CheckQueueSchemaRequest.SerializeToString,
+            busmq_dot_v1_dot_queue__service__pb2.CheckQueueSchemaResponse.FromString,
             options,
             channel_credentials,
             insecure,

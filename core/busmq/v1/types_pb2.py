@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x62usmq/v1/types.proto\x12\x08\x62usmq.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb0\x01\n\x0fOutgoingMessage\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\x12#\n\x04kind\x18\x02 \x01(\x0e\x32\x15.busmq.v1.PayloadKind\x12\x37\n\x07headers\x18\x03 \x03(\x0b\x32&.busmq.v1.OutgoingMessage.HeadersEntry\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xdb\x01\n\x07Message\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\x12#\n\x04kind\x18\x03 \x01(\x0e\x32\x15.busmq.v1.PayloadKind\x12/\n\x07headers\x18\x04 \x03(\x0b\x32\x1e.busmq.v1.Message.HeadersEntry\x12-\n\tpush_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"F\n\x08\x44\x65livery\x12\"\n\x07message\x18\x01 \x01(\x0b\x32\x11.busmq.v1.Message\x12\x16\n\x0e\x64\x65livery_count\x18\x02 \x01(\r\"5\n\tHeartbeat\x12(\n\x04time\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x8e\x01\n\nStateEvent\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x32\n\x07\x64\x65tails\x18\x03 \x03(\x0b\x32!.busmq.v1.StateEvent.DetailsEntry\x1a.\n\x0c\x44\x65tailsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*q\n\x0bPayloadKind\x12\x1c\n\x18PAYLOAD_KIND_UNSPECIFIED\x10\x00\x12\x16\n\x12PAYLOAD_KIND_BYTES\x10\x01\x12\x15\n\x11PAYLOAD_KIND_TEXT\x10\x02\x12\x15\n\x11PAYLOAD_KIND_JSON\x10\x03*\x83\x01\n\x0b\x43onsumeMode\x12\x1c\n\x18\x43ONSUME_MODE_UNSPECIFIED\x10\x00\x12\x1d\n\x19\x43ONSUME_MODE_AT_MOST_ONCE\x10\x01\x12\x1e\n\x1a\x43ONSUME_MODE_AT_LEAST_ONCE\x10\x02\x12\x17\n\x13\x43ONSUME_MODE_REPLAY\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x62usmq/v1/types.proto\x12\x08\x62usmq.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb0\x01\n\x0fOutgoingMessage\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\x12#\n\x04kind\x18\x02 \x01(\x0e\x32\x15.busmq.v1.PayloadKind\x12\x37\n\x07headers\x18\x03 \x03(\x0b\x32&.busmq.v1.OutgoingMessage.HeadersEntry\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xf3\x01\n\x07Message\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\x12#\n\x04kind\x18\x03 \x01(\x0e\x32\x15.busmq.v1.PayloadKind\x12/\n\x07headers\x18\x04 \x03(\x0b\x32\x1e.busmq.v1.Message.HeadersEntry\x12-\n\tpush_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0eschema_version\x18\x06 \x01(\r\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"F\n\x08\x44\x65livery\x12\"\n\x07message\x18\x01 \x01(\x0b\x32\x11.busmq.v1.Message\x12\x16\n\x0e\x64\x65livery_count\x18\x02 \x01(\r\"5\n\tHeartbeat\x12(\n\x04time\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x8e\x01\n\nStateEvent\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x32\n\x07\x64\x65tails\x18\x03 \x03(\x0b\x32!.busmq.v1.StateEvent.DetailsEntry\x1a.\n\x0c\x44\x65tailsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*q\n\x0bPayloadKind\x12\x1c\n\x18PAYLOAD_KIND_UNSPECIFIED\x10\x00\x12\x16\n\x12PAYLOAD_KIND_BYTES\x10\x01\x12\x15\n\x11PAYLOAD_KIND_TEXT\x10\x02\x12\x15\n\x11PAYLOAD_KIND_JSON\x10\x03*\x83\x01\n\x0b\x43onsumeMode\x12\x1c\n\x18\x43ONSUME_MODE_UNSPECIFIED\x10\x00\x12\x1d\n\x19\x43ONSUME_MODE_AT_MOST_ONCE\x10\x01\x12\x1e\n\x1a\x43ONSUME_MODE_AT_LEAST_ONCE\x10\x02\x12\x17\n\x13\x43ONSUME_MODE_REPLAY\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,24 +38,24 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_MESSAGE_HEADERSENTRY']._serialized_options = b'8\001'
   _globals['_STATEEVENT_DETAILSENTRY']._loaded_options = None
   _globals['_STATEEVENT_DETAILSENTRY']._serialized_options = b'8\001'
-  _globals['_PAYLOADKIND']._serialized_start=740
-  _globals['_PAYLOADKIND']._serialized_end=853
-  _globals['_CONSUMEMODE']._serialized_start=856
-  _globals['_CONSUMEMODE']._serialized_end=987
+  _globals['_PAYLOADKIND']._serialized_start=764
+  _globals['_PAYLOADKIND']._serialized_end=877
+  _globals['_CONSUMEMODE']._serialized_start=880
+  _globals['_CONSUMEMODE']._serialized_end=1011
   _globals['_OUTGOINGMESSAGE']._serialized_start=68
   _globals['_OUTGOINGMESSAGE']._serialized_end=244
   _globals['_OUTGOINGMESSAGE_HEADERSENTRY']._serialized_start=198
   _globals['_OUTGOINGMESSAGE_HEADERSENTRY']._serialized_end=244
   _globals['_MESSAGE']._serialized_start=247
-  _globals['_MESSAGE']._serialized_end=466
+  _globals['_MESSAGE']._serialized_end=490
   _globals['_MESSAGE_HEADERSENTRY']._serialized_start=198
   _globals['_MESSAGE_HEADERSENTRY']._serialized_end=244
-  _globals['_DELIVERY']._serialized_start=468
-  _globals['_DELIVERY']._serialized_end=538
-  _globals['_HEARTBEAT']._serialized_start=540
-  _globals['_HEARTBEAT']._serialized_end=593
-  _globals['_STATEEVENT']._serialized_start=596
-  _globals['_STATEEVENT']._serialized_end=738
-  _globals['_STATEEVENT_DETAILSENTRY']._serialized_start=692
-  _globals['_STATEEVENT_DETAILSENTRY']._serialized_end=738
+  _globals['_DELIVERY']._serialized_start=492
+  _globals['_DELIVERY']._serialized_end=562
+  _globals['_HEARTBEAT']._serialized_start=564
+  _globals['_HEARTBEAT']._serialized_end=617
+  _globals['_STATEEVENT']._serialized_start=620
+  _globals['_STATEEVENT']._serialized_end=762
+  _globals['_STATEEVENT_DETAILSENTRY']._serialized_start=716
+  _globals['_STATEEVENT_DETAILSENTRY']._serialized_end=762
 # @@protoc_insertion_point(module_scope)

@@ -50,7 +50,7 @@ class OutgoingMessage(_message.Message):
     def __init__(self, payload: _Optional[bytes] = ..., kind: _Optional[_Union[PayloadKind, str]] = ..., headers: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Message(_message.Message):
-    __slots__ = ("id", "payload", "kind", "headers", "push_time")
+    __slots__ = ("id", "payload", "kind", "headers", "push_time", "schema_version")
     class HeadersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -63,12 +63,14 @@ class Message(_message.Message):
     KIND_FIELD_NUMBER: _ClassVar[int]
     HEADERS_FIELD_NUMBER: _ClassVar[int]
     PUSH_TIME_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     id: int
     payload: bytes
     kind: PayloadKind
     headers: _containers.ScalarMap[str, str]
     push_time: _timestamp_pb2.Timestamp
-    def __init__(self, id: _Optional[int] = ..., payload: _Optional[bytes] = ..., kind: _Optional[_Union[PayloadKind, str]] = ..., headers: _Optional[_Mapping[str, str]] = ..., push_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    schema_version: int
+    def __init__(self, id: _Optional[int] = ..., payload: _Optional[bytes] = ..., kind: _Optional[_Union[PayloadKind, str]] = ..., headers: _Optional[_Mapping[str, str]] = ..., push_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., schema_version: _Optional[int] = ...) -> None: ...
 
 class Delivery(_message.Message):
     __slots__ = ("message", "delivery_count")

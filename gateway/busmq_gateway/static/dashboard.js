@@ -153,6 +153,11 @@ function renderQueue(info) {
     ? `by ${info.ordering}: ${order.keys_in_flight} keys in flight, ${order.waiting} waiting` +
       (order.oldest_waiting_age == null ? "" : `, oldest ${seconds(order.oldest_waiting_age)}`)
     : "none";
+  const schema = document.getElementById("q-schema");
+  schema.textContent = info.schema
+    ? `version ${info.schema.version} of ${info.schema.versions} (${info.schema.compatibility})`
+    : "none";
+  schema.title = info.schema ? JSON.stringify(info.schema.document, null, 2) : "";
   const h = info.history;
   if (h) {
     const box = document.getElementById("queue-charts");

@@ -68,6 +68,19 @@ type QueueServiceClient interface {
 	// acked, removed or counted as delivered, and the queue's mode is not fixed); with
 	// `follow`, then each new message as it is stored.
 	BrowseQueue(ctx context.Context, in *BrowseQueueRequest, opts ...grpc.CallOption) (QueueService_BrowseQueueClient, error)
+	// Adds a version of a queue's schema (a JSON Schema, draft 2020-12), checked against the
+	// earlier versions under the queue's compatibility mode: an incompatible one is refused
+	// INVALID_ARGUMENT (SCHEMA_INCOMPATIBLE, a BadRequest field violation per break), a
+	// malformed one INVALID_ARGUMENT (INVALID_SCHEMA). From then on every push to the queue
+	// is checked: a message that does not fit refuses its whole push INVALID_ARGUMENT
+	// (SCHEMA, a BadRequest field violation per problem: `messages[<index>]<JSON pointer>`).
+	SetQueueSchema(ctx context.Context, in *SetQueueSchemaRequest, opts ...grpc.CallOption) (*SetQueueSchemaResponse, error)
+	// Returns a queue's schema: the version enforced, the compatibility mode, every version.
+	GetQueueSchema(ctx context.Context, in *GetQueueSchemaRequest, opts ...grpc.CallOption) (*GetQueueSchemaResponse, error)
+	// Stops checking pushes to a queue (its versions are kept).
+	RemoveQueueSchema(ctx context.Context, in *RemoveQueueSchemaRequest, opts ...grpc.CallOption) (*RemoveQueueSchemaResponse, error)
+	// Checks messages against a queue's schema without pushing them.
+	CheckQueueSchema(ctx context.Context, in *CheckQueueSchemaRequest, opts ...grpc.CallOption) (*CheckQueueSchemaResponse, error)
 }
 
 type queueServiceClient struct {
@@ -308,6 +321,42 @@ func (x *queueServiceBrowseQueueClient) Recv() (*BrowseQueueResponse, error) {
 	return m, nil
 }
 
+func (c *queueServiceClient) SetQueueSchema(ctx context.Context, in *SetQueueSchemaRequest, opts ...grpc.CallOption) (*SetQueueSchemaResponse, error) {
+	out := new(SetQueueSchemaResponse)
+	err := c.cc.Invoke(ctx, "/busmq.v1.QueueService/SetQueueSchema", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *queueServiceClient) GetQueueSchema(ctx context.Context, in *GetQueueSchemaRequest, opts ...grpc.CallOption) (*GetQueueSchemaResponse, error) {
+	out := new(GetQueueSchemaResponse)
+	err := c.cc.Invoke(ctx, "/busmq.v1.QueueService/GetQueueSchema", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *queueServiceClient) RemoveQueueSchema(ctx context.Context, in *RemoveQueueSchemaRequest, opts ...grpc.CallOption) (*RemoveQueueSchemaResponse, error) {
+	out := new(RemoveQueueSchemaResponse)
+	err := c.cc.Invoke(ctx, "/busmq.v1.QueueService/RemoveQueueSchema", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *queueServiceClient) CheckQueueSchema(ctx context.Context, in *CheckQueueSchemaRequest, opts ...grpc.CallOption) (*CheckQueueSchemaResponse, error) {
+	out := new(CheckQueueSchemaResponse)
+	err := c.cc.Invoke(ctx, "/busmq.v1.QueueService/CheckQueueSchema", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // QueueServiceServer is the server API for QueueService service.
 // All implementations must embed UnimplementedQueueServiceServer
 // for forward compatibility
@@ -363,6 +412,19 @@ type QueueServiceServer interface {
 	// acked, removed or counted as delivered, and the queue's mode is not fixed); with
 	// `follow`, then each new message as it is stored.
 	BrowseQueue(*BrowseQueueRequest, QueueService_BrowseQueueServer) error
+	// Adds a version of a queue's schema (a JSON Schema, draft 2020-12), checked against the
+	// earlier versions under the queue's compatibility mode: an incompatible one is refused
+	// INVALID_ARGUMENT (SCHEMA_INCOMPATIBLE, a BadRequest field violation per break), a
+	// malformed one INVALID_ARGUMENT (INVALID_SCHEMA). From then on every push to the queue
+	// is checked: a message that does not fit refuses its whole push INVALID_ARGUMENT
+	// (SCHEMA, a BadRequest field violation per problem: `messages[<index>]<JSON pointer>`).
+	SetQueueSchema(context.Context, *SetQueueSchemaRequest) (*SetQueueSchemaResponse, error)
+	// Returns a queue's schema: the version enforced, the compatibility mode, every version.
+	GetQueueSchema(context.Context, *GetQueueSchemaRequest) (*GetQueueSchemaResponse, error)
+	// Stops checking pushes to a queue (its versions are kept).
+	RemoveQueueSchema(context.Context, *RemoveQueueSchemaRequest) (*RemoveQueueSchemaResponse, error)
+	// Checks messages against a queue's schema without pushing them.
+	CheckQueueSchema(context.Context, *CheckQueueSchemaRequest) (*CheckQueueSchemaResponse, error)
 	mustEmbedUnimplementedQueueServiceServer()
 }
 
@@ -423,6 +485,18 @@ func (UnimplementedQueueServiceServer) ListQueues(context.Context, *ListQueuesRe
 }
 func (UnimplementedQueueServiceServer) BrowseQueue(*BrowseQueueRequest, QueueService_BrowseQueueServer) error {
 	return status.Errorf(codes.Unimplemented, "method BrowseQueue not implemented")
+}
+func (UnimplementedQueueServiceServer) SetQueueSchema(context.Context, *SetQueueSchemaRequest) (*SetQueueSchemaResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method SetQueueSchema not implemented")
+}
+func (UnimplementedQueueServiceServer) GetQueueSchema(context.Context, *GetQueueSchemaRequest) (*GetQueueSchemaResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method GetQueueSchema not implemented")
+}
+func (UnimplementedQueueServiceServer) RemoveQueueSchema(context.Context, *RemoveQueueSchemaRequest) (*RemoveQueueSchemaResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method RemoveQueueSchema not implemented")
+}
+func (UnimplementedQueueServiceServer) CheckQueueSchema(context.Context, *CheckQueueSchemaRequest) (*CheckQueueSchemaResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method CheckQueueSchema not implemented")
 }
 func (UnimplementedQueueServiceServer) mustEmbedUnimplementedQueueServiceServer() {}
 
@@ -775,6 +849,78 @@ func (x *queueServiceBrowseQueueServer) Send(m *BrowseQueueResponse) error {
 	return x.ServerStream.SendMsg(m)
 }
 
+func _QueueService_SetQueueSchema_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetQueueSchemaRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(QueueServiceServer).SetQueueSchema(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/busmq.v1.QueueService/SetQueueSchema",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(QueueServiceServer).SetQueueSchema(ctx, req.(*SetQueueSchemaRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _QueueService_GetQueueSchema_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetQueueSchemaRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(QueueServiceServer).GetQueueSchema(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/busmq.v1.QueueService/GetQueueSchema",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(QueueServiceServer).GetQueueSchema(ctx, req.(*GetQueueSchemaRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _QueueService_RemoveQueueSchema_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RemoveQueueSchemaRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(QueueServiceServer).RemoveQueueSchema(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/busmq.v1.QueueService/RemoveQueueSchema",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(QueueServiceServer).RemoveQueueSchema(ctx, req.(*RemoveQueueSchemaRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _QueueService_CheckQueueSchema_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CheckQueueSchemaRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(QueueServiceServer).CheckQueueSchema(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/busmq.v1.QueueService/CheckQueueSchema",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(QueueServiceServer).CheckQueueSchema(ctx, req.(*CheckQueueSchemaRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 var _QueueService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "busmq.v1.QueueService",
 	HandlerType: (*QueueServiceServer)(nil),
@@ -838,6 +984,22 @@ var _QueueService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListQueues",
 			Handler:    _QueueService_ListQueues_Handler,
+		},
+		{
+			MethodName: "SetQueueSchema",
+			Handler:    _QueueService_SetQueueSchema_Handler,
+		},
+		{
+			MethodName: "GetQueueSchema",
+			Handler:    _QueueService_GetQueueSchema_Handler,
+		},
+		{
+			MethodName: "RemoveQueueSchema",
+			Handler:    _QueueService_RemoveQueueSchema_Handler,
+		},
+		{
+			MethodName: "CheckQueueSchema",
+			Handler:    _QueueService_CheckQueueSchema_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -2,8 +2,8 @@
 // @generated from file busmq/v1/queue_service.proto (package busmq.v1, syntax proto3)
 /* eslint-disable */
 
-import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
-import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
+import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
+import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import type { ConsumeMode, Delivery, Heartbeat, Message as Message$1, OutgoingMessage, StateEvent } from "./types_pb.js";
 import { file_busmq_v1_types } from "./types_pb.js";
 import type { Duration, Timestamp } from "@bufbuild/protobuf/wkt";
@@ -16,7 +16,258 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file busmq/v1/queue_service.proto.
  */
 export const file_busmq_v1_queue_service: GenFile = /*@__PURE__*/
-  fileDesc("ChxidXNtcS92MS9xdWV1ZV9zZXJ2aWNlLnByb3RvEghidXNtcS52MSK8AQoSQXR0YWNoUXVldWVSZXF1ZXN0Eg0KBXF1ZXVlGAEgASgJEiYKA3R0bBgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhISCgptYXhfbGVuZ3RoGAMgASgEEioKB21heF9hZ2UYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SEwoLbWF4X2JhY2tsb2cYBSABKAQSGgoScmVtb3ZlX21heF9iYWNrbG9nGAYgASgIInAKE0F0dGFjaFF1ZXVlUmVzcG9uc2USFQoNYXR0YWNobWVudF9pZBgBIAEoCRIPCgdjcmVhdGVkGAIgASgIEjEKDmxlYXNlX2R1cmF0aW9uGAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIi8KFlJlbmV3QXR0YWNobWVudFJlcXVlc3QSFQoNYXR0YWNobWVudF9pZBgBIAEoCSIZChdSZW5ld0F0dGFjaG1lbnRSZXNwb25zZSIrChJEZXRhY2hRdWV1ZVJlcXVlc3QSFQoNYXR0YWNobWVudF9pZBgBIAEoCSIVChNEZXRhY2hRdWV1ZVJlc3BvbnNlIugCCgtQdXNoUmVxdWVzdBINCgVxdWV1ZRgBIAEoCRIrCghtZXNzYWdlcxgCIAMoCzIZLmJ1c21xLnYxLk91dGdvaW5nTWVzc2FnZRISCgpyZXF1ZXN0X2lkGAMgASgJEhIKCmR1cmFiaWxpdHkYBCABKAkSKAoFZGVsYXkYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SLgoKZGVsaXZlcl9hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASJgoDdHRsGAcgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEi4KCmV4cGlyZXNfYXQYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhAKCHByb2R1Y2VyGAkgASgJEhYKDnByb2R1Y2VyX2Vwb2NoGAogASgEEhkKEXByb2R1Y2VyX3NlcXVlbmNlGAsgASgEIi4KDFB1c2hSZXNwb25zZRILCgNpZHMYASADKAQSEQoJZHVwbGljYXRlGAIgASgIIlcKD1B1c2hNYW55UmVxdWVzdBIlCgZwdXNoZXMYASADKAsyFS5idXNtcS52MS5QdXNoUmVxdWVzdBIdChVzdG9wX3F1ZXVlX2F0X2ZhaWx1cmUYAiABKAgiOwoQUHVzaE1hbnlSZXNwb25zZRInCghvdXRjb21lcxgBIAMoCzIVLmJ1c21xLnYxLlB1c2hPdXRjb21lImcKC1B1c2hPdXRjb21lEigKBnJlc3VsdBgBIAEoCzIWLmJ1c21xLnYxLlB1c2hSZXNwb25zZUgAEiMKBWVycm9yGAIgASgLMhIuZ29vZ2xlLnJwYy5TdGF0dXNIAEIJCgdvdXRjb21lIkoKEVB1c2hTdHJlYW1SZXF1ZXN0EhAKCHNlcXVlbmNlGAEgASgEEiMKBHB1c2gYAiABKAsyFS5idXNtcS52MS5QdXNoUmVxdWVzdCJDChJQdXNoU3RyZWFtUmVzcG9uc2USLQoIb3V0Y29tZXMYASADKAsyGy5idXNtcS52MS5QdXNoU3RyZWFtT3V0Y29tZSJ/ChFQdXNoU3RyZWFtT3V0Y29tZRIQCghzZXF1ZW5jZRgBIAEoBBIoCgZyZXN1bHQYAiABKAsyFi5idXNtcS52MS5QdXNoUmVzcG9uc2VIABIjCgVlcnJvchgDIAEoCzISLmdvb2dsZS5ycGMuU3RhdHVzSABCCQoHb3V0Y29tZSKUAgoOQ29uc3VtZVJlcXVlc3QSDQoFcXVldWUYASABKAkSIwoEbW9kZRgCIAEoDjIVLmJ1c21xLnYxLkNvbnN1bWVNb2RlEg8KB2Zyb21faWQYAyABKAQSEwoLZnJvbV9sYXRlc3QYBCABKAgSCwoDbWF4GAUgASgEEhAKCHByZWZldGNoGAYgASgNEjUKEnZpc2liaWxpdHlfdGltZW91dBgHIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhINCgViYXRjaBgIIAEoCBIWCg5tYXhfZGVsaXZlcmllcxgJIAEoDRIrCgxyZXRyeV9wb2xpY3kYCiABKAsyFS5idXNtcS52MS5SZXRyeVBvbGljeSKHAQoLUmV0cnlQb2xpY3kSKgoHaW5pdGlhbBgBIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIOCgZmYWN0b3IYAiABKAESLAoJbWF4X2RlbGF5GAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg4KBmppdHRlchgEIAEoASJPCglSYXRlTGltaXQSDQoFbGltaXQYASABKA0SJgoDcGVyGAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEgsKA2tleRgDIAEoCSLqAQoPQ29uc3VtZVJlc3BvbnNlEisKB3N0YXJ0ZWQYASABKAsyGC5idXNtcS52MS5Db25zdW1lU3RhcnRlZEgAEiYKCGRlbGl2ZXJ5GAIgASgLMhIuYnVzbXEudjEuRGVsaXZlcnlIABIoCgloZWFydGJlYXQYAyABKAsyEy5idXNtcS52MS5IZWFydGJlYXRIABIlCgVzdGF0ZRgEIAEoCzIULmJ1c21xLnYxLlN0YXRlRXZlbnRIABIoCgViYXRjaBgFIAEoCzIXLmJ1c21xLnYxLkRlbGl2ZXJ5QmF0Y2hIAEIHCgVldmVudCI3Cg1EZWxpdmVyeUJhdGNoEiYKCmRlbGl2ZXJpZXMYASADKAsyEi5idXNtcS52MS5EZWxpdmVyeSIlCg5Db25zdW1lU3RhcnRlZBITCgtjb25zdW1lcl9pZBgBIAEoCSJPCgpBY2tSZXF1ZXN0Eg0KBXF1ZXVlGAEgASgJEgsKA2lkcxgCIAMoBBIQCgh1cF90b19pZBgDIAEoBBITCgtjb25zdW1lcl9pZBgEIAEoCSIxCgtBY2tSZXNwb25zZRINCgVhY2tlZBgBIAEoBBITCgt1bmtub3duX2lkcxgCIAMoBCJ3CgtOYWNrUmVxdWVzdBINCgVxdWV1ZRgBIAEoCRITCgtjb25zdW1lcl9pZBgCIAEoCRILCgNpZHMYAyADKAQSKAoFZGVsYXkYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SDQoFZXJyb3IYBSABKAkiIwoMTmFja1Jlc3BvbnNlEhMKC3Vua25vd25faWRzGAEgAygEIlAKDVJlamVjdFJlcXVlc3QSDQoFcXVldWUYASABKAkSEwoLY29uc3VtZXJfaWQYAiABKAkSCwoDaWRzGAMgAygEEg4KBnJlYXNvbhgEIAEoCSIlCg5SZWplY3RSZXNwb25zZRITCgt1bmtub3duX2lkcxgBIAMoBCI/ChJSZXF1ZXVlRGVhZFJlcXVlc3QSDQoFcXVldWUYASABKAkSCwoDaWRzGAIgAygEEg0KBWxpbWl0GAMgASgEIiIKE1JlcXVldWVEZWFkUmVzcG9uc2USCwoDaWRzGAEgAygEIpgCChpVcGRhdGVRdWV1ZUNvbnRyb2xzUmVxdWVzdBINCgVxdWV1ZRgBIAEoCRITCgZwYXVzZWQYAiABKAhIAIgBARInCgpyYXRlX2xpbWl0GAMgASgLMhMuYnVzbXEudjEuUmF0ZUxpbWl0EhoKEnJlbW92ZV9yYXRlX2xpbWl0cxgEIAEoCBIbCg5tYXhfZGVsaXZlcmllcxgFIAEoDUgBiAEBEhkKDGRyb3BfZXhwaXJlZBgGIAEoCEgCiAEBEhkKDG9yZGVyaW5nX2tleRgHIAEoCUgDiAEBQgkKB19wYXVzZWRCEQoPX21heF9kZWxpdmVyaWVzQg8KDV9kcm9wX2V4cGlyZWRCDwoNX29yZGVyaW5nX2tleSIdChtVcGRhdGVRdWV1ZUNvbnRyb2xzUmVzcG9uc2UiIAoPR2V0UXVldWVSZXF1ZXN0Eg0KBXF1ZXVlGAEgASgJIrcEChBHZXRRdWV1ZVJlc3BvbnNlEg0KBXF1ZXVlGAEgASgJEg0KBWNvdW50GAIgASgEEiYKA3R0bBgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIPCgdsYXN0X2lkGAQgASgEEjoKCG1ldGFkYXRhGAUgAygLMiguYnVzbXEudjEuR2V0UXVldWVSZXNwb25zZS5NZXRhZGF0YUVudHJ5Eg8KB3BlbmRpbmcYBiABKAQSDwoHZGVsYXllZBgHIAEoBBIUCgxkZWFkX2xldHRlcnMYCCABKAQSDgoGcGF1c2VkGAkgASgIEicKCnJhdGVfbGltaXQYCiABKAsyEy5idXNtcS52MS5SYXRlTGltaXQSKwoOa2V5X3JhdGVfbGltaXQYCyABKAsyEy5idXNtcS52MS5SYXRlTGltaXQSFgoObWF4X2RlbGl2ZXJpZXMYDCABKA0SFAoMZHJvcF9leHBpcmVkGA0gASgIEgwKBG1vZGUYDiABKAkSFAoMb3JkZXJpbmdfa2V5GA8gASgJEh4KFm9yZGVyZWRfa2V5c19pbl9mbGlnaHQYECABKAQSFwoPb3JkZXJlZF93YWl0aW5nGBEgASgEEjYKE29sZGVzdF9vcmRlcmVkX3dhaXQYEiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24aLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIqIBChpVcGRhdGVRdWV1ZU1ldGFkYXRhUmVxdWVzdBINCgVxdWV1ZRgBIAEoCRJECghtZXRhZGF0YRgCIAMoCzIyLmJ1c21xLnYxLlVwZGF0ZVF1ZXVlTWV0YWRhdGFSZXF1ZXN0Lk1ldGFkYXRhRW50cnkaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIh0KG1VwZGF0ZVF1ZXVlTWV0YWRhdGFSZXNwb25zZSIiChFGbHVzaFF1ZXVlUmVxdWVzdBINCgVxdWV1ZRgBIAEoCSIUChJGbHVzaFF1ZXVlUmVzcG9uc2UiIgoRQ2xvc2VRdWV1ZVJlcXVlc3QSDQoFcXVldWUYASABKAkiFAoSQ2xvc2VRdWV1ZVJlc3BvbnNlIkoKEUxpc3RRdWV1ZXNSZXF1ZXN0Eg4KBnByZWZpeBgBIAEoCRIRCglwYWdlX3NpemUYAiABKA0SEgoKcGFnZV90b2tlbhgDIAEoCSJkChJMaXN0UXVldWVzUmVzcG9uc2USJgoGcXVldWVzGAEgAygLMhYuYnVzbXEudjEuUXVldWVTdW1tYXJ5EhcKD25leHRfcGFnZV90b2tlbhgCIAEoCRINCgV0b3RhbBgDIAEoBCLsAwoMUXVldWVTdW1tYXJ5Eg0KBXF1ZXVlGAEgASgJEg0KBXNoYXJkGAIgASgJEg0KBWNvdW50GAMgASgEEg0KBXJlYWR5GAQgASgEEg8KB3BlbmRpbmcYBSABKAQSMQoOb2xkZXN0X3BlbmRpbmcYBiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SEQoJY29uc3VtZXJzGAcgASgNEhMKC2F0dGFjaG1lbnRzGAggASgNEg8KB2RlbGF5ZWQYCSABKAQSFAoMZGVhZF9sZXR0ZXJzGAogASgEEg8KB2xhc3RfaWQYCyABKAQSEQoJZGVsaXZlcmVkGAwgASgEEgwKBG1vZGUYDSABKAkSDgoGcGF1c2VkGA4gASgIEiYKA3R0bBgPIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhInCgpyYXRlX2xpbWl0GBAgASgLMhMuYnVzbXEudjEuUmF0ZUxpbWl0EisKDmtleV9yYXRlX2xpbWl0GBEgASgLMhMuYnVzbXEudjEuUmF0ZUxpbWl0EhQKDG9yZGVyaW5nX2tleRgSIAEoCRIeChZvcmRlcmVkX2tleXNfaW5fZmxpZ2h0GBMgASgEEhcKD29yZGVyZWRfd2FpdGluZxgUIAEoBCJTChJCcm93c2VRdWV1ZVJlcXVlc3QSDQoFcXVldWUYASABKAkSDwoHZnJvbV9pZBgCIAEoBBINCgV0b19pZBgDIAEoBBIOCgZmb2xsb3cYBCABKAgimwEKE0Jyb3dzZVF1ZXVlUmVzcG9uc2USKgoIbWVzc2FnZXMYASABKAsyFi5idXNtcS52MS5NZXNzYWdlQmF0Y2hIABIoCgloZWFydGJlYXQYAiABKAsyEy5idXNtcS52MS5IZWFydGJlYXRIABIlCgVzdGF0ZRgDIAEoCzIULmJ1c21xLnYxLlN0YXRlRXZlbnRIAEIHCgVldmVudCIzCgxNZXNzYWdlQmF0Y2gSIwoIbWVzc2FnZXMYASADKAsyES5idXNtcS52MS5NZXNzYWdlMq8KCgxRdWV1ZVNlcnZpY2USSgoLQXR0YWNoUXVldWUSHC5idXNtcS52MS5BdHRhY2hRdWV1ZVJlcXVlc3QaHS5idXNtcS52MS5BdHRhY2hRdWV1ZVJlc3BvbnNlElYKD1JlbmV3QXR0YWNobWVudBIgLmJ1c21xLnYxLlJlbmV3QXR0YWNobWVudFJlcXVlc3QaIS5idXNtcS52MS5SZW5ld0F0dGFjaG1lbnRSZXNwb25zZRJKCgtEZXRhY2hRdWV1ZRIcLmJ1c21xLnYxLkRldGFjaFF1ZXVlUmVxdWVzdBodLmJ1c21xLnYxLkRldGFjaFF1ZXVlUmVzcG9uc2USNQoEUHVzaBIVLmJ1c21xLnYxLlB1c2hSZXF1ZXN0GhYuYnVzbXEudjEuUHVzaFJlc3BvbnNlEkEKCFB1c2hNYW55EhkuYnVzbXEudjEuUHVzaE1hbnlSZXF1ZXN0GhouYnVzbXEudjEuUHVzaE1hbnlSZXNwb25zZRJLCgpQdXNoU3RyZWFtEhsuYnVzbXEudjEuUHVzaFN0cmVhbVJlcXVlc3QaHC5idXNtcS52MS5QdXNoU3RyZWFtUmVzcG9uc2UoATABEkAKB0NvbnN1bWUSGC5idXNtcS52MS5Db25zdW1lUmVxdWVzdBoZLmJ1c21xLnYxLkNvbnN1bWVSZXNwb25zZTABEjIKA0FjaxIULmJ1c21xLnYxLkFja1JlcXVlc3QaFS5idXNtcS52MS5BY2tSZXNwb25zZRI1CgROYWNrEhUuYnVzbXEudjEuTmFja1JlcXVlc3QaFi5idXNtcS52MS5OYWNrUmVzcG9uc2USOwoGUmVqZWN0EhcuYnVzbXEudjEuUmVqZWN0UmVxdWVzdBoYLmJ1c21xLnYxLlJlamVjdFJlc3BvbnNlEkoKC1JlcXVldWVEZWFkEhwuYnVzbXEudjEuUmVxdWV1ZURlYWRSZXF1ZXN0Gh0uYnVzbXEudjEuUmVxdWV1ZURlYWRSZXNwb25zZRJiChNVcGRhdGVRdWV1ZUNvbnRyb2xzEiQuYnVzbXEudjEuVXBkYXRlUXVldWVDb250cm9sc1JlcXVlc3QaJS5idXNtcS52MS5VcGRhdGVRdWV1ZUNvbnRyb2xzUmVzcG9uc2USQQoIR2V0UXVldWUSGS5idXNtcS52MS5HZXRRdWV1ZVJlcXVlc3QaGi5idXNtcS52MS5HZXRRdWV1ZVJlc3BvbnNlEmIKE1VwZGF0ZVF1ZXVlTWV0YWRhdGESJC5idXNtcS52MS5VcGRhdGVRdWV1ZU1ldGFkYXRhUmVxdWVzdBolLmJ1c21xLnYxLlVwZGF0ZVF1ZXVlTWV0YWRhdGFSZXNwb25zZRJHCgpGbHVzaFF1ZXVlEhsuYnVzbXEudjEuRmx1c2hRdWV1ZVJlcXVlc3QaHC5idXNtcS52MS5GbHVzaFF1ZXVlUmVzcG9uc2USRwoKQ2xvc2VRdWV1ZRIbLmJ1c21xLnYxLkNsb3NlUXVldWVSZXF1ZXN0GhwuYnVzbXEudjEuQ2xvc2VRdWV1ZVJlc3BvbnNlEkcKCkxpc3RRdWV1ZXMSGy5idXNtcS52MS5MaXN0UXVldWVzUmVxdWVzdBocLmJ1c21xLnYxLkxpc3RRdWV1ZXNSZXNwb25zZRJMCgtCcm93c2VRdWV1ZRIcLmJ1c21xLnYxLkJyb3dzZVF1ZXVlUmVxdWVzdBodLmJ1c21xLnYxLkJyb3dzZVF1ZXVlUmVzcG9uc2UwAWIGcHJvdG8z", [file_busmq_v1_types, file_google_protobuf_duration, file_google_protobuf_timestamp, file_google_rpc_status]);
+  fileDesc("ChxidXNtcS92MS9xdWV1ZV9zZXJ2aWNlLnByb3RvEghidXNtcS52MSJmCg1TY2hlbWFWZXJzaW9uEg8KB3ZlcnNpb24YASABKA0SEwoLanNvbl9zY2hlbWEYAiABKAkSLwoLY3JlYXRlX3RpbWUYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wInEKFVNldFF1ZXVlU2NoZW1hUmVxdWVzdBINCgVxdWV1ZRgBIAEoCRITCgtqc29uX3NjaGVtYRgCIAEoCRI0Cg1jb21wYXRpYmlsaXR5GAMgASgOMh0uYnVzbXEudjEuU2NoZW1hQ29tcGF0aWJpbGl0eSJCChZTZXRRdWV1ZVNjaGVtYVJlc3BvbnNlEigKB3ZlcnNpb24YASABKAsyFy5idXNtcS52MS5TY2hlbWFWZXJzaW9uIiYKFUdldFF1ZXVlU2NoZW1hUmVxdWVzdBINCgVxdWV1ZRgBIAEoCSKSAQoWR2V0UXVldWVTY2hlbWFSZXNwb25zZRIXCg9jdXJyZW50X3ZlcnNpb24YASABKA0SNAoNY29tcGF0aWJpbGl0eRgCIAEoDjIdLmJ1c21xLnYxLlNjaGVtYUNvbXBhdGliaWxpdHkSKQoIdmVyc2lvbnMYAyADKAsyFy5idXNtcS52MS5TY2hlbWFWZXJzaW9uIikKGFJlbW92ZVF1ZXVlU2NoZW1hUmVxdWVzdBINCgVxdWV1ZRgBIAEoCSIbChlSZW1vdmVRdWV1ZVNjaGVtYVJlc3BvbnNlIlUKF0NoZWNrUXVldWVTY2hlbWFSZXF1ZXN0Eg0KBXF1ZXVlGAEgASgJEisKCG1lc3NhZ2VzGAIgAygLMhkuYnVzbXEudjEuT3V0Z29pbmdNZXNzYWdlIloKGENoZWNrUXVldWVTY2hlbWFSZXNwb25zZRIPCgd2ZXJzaW9uGAEgASgNEi0KCnZpb2xhdGlvbnMYAiADKAsyGS5idXNtcS52MS5TY2hlbWFWaW9sYXRpb24iUAoPU2NoZW1hVmlvbGF0aW9uEg0KBWluZGV4GAEgASgNEg8KB3BvaW50ZXIYAiABKAkSDAoEcnVsZRgDIAEoCRIPCgdtZXNzYWdlGAQgASgJIrwBChJBdHRhY2hRdWV1ZVJlcXVlc3QSDQoFcXVldWUYASABKAkSJgoDdHRsGAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhIKCm1heF9sZW5ndGgYAyABKAQSKgoHbWF4X2FnZRgEIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhITCgttYXhfYmFja2xvZxgFIAEoBBIaChJyZW1vdmVfbWF4X2JhY2tsb2cYBiABKAgicAoTQXR0YWNoUXVldWVSZXNwb25zZRIVCg1hdHRhY2htZW50X2lkGAEgASgJEg8KB2NyZWF0ZWQYAiABKAgSMQoObGVhc2VfZHVyYXRpb24YAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iLwoWUmVuZXdBdHRhY2htZW50UmVxdWVzdBIVCg1hdHRhY2htZW50X2lkGAEgASgJIhkKF1JlbmV3QXR0YWNobWVudFJlc3BvbnNlIisKEkRldGFjaFF1ZXVlUmVxdWVzdBIVCg1hdHRhY2htZW50X2lkGAEgASgJIhUKE0RldGFjaFF1ZXVlUmVzcG9uc2Ui6AIKC1B1c2hSZXF1ZXN0Eg0KBXF1ZXVlGAEgASgJEisKCG1lc3NhZ2VzGAIgAygLMhkuYnVzbXEudjEuT3V0Z29pbmdNZXNzYWdlEhIKCnJlcXVlc3RfaWQYAyABKAkSEgoKZHVyYWJpbGl0eRgEIAEoCRIoCgVkZWxheRgFIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIuCgpkZWxpdmVyX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBImCgN0dGwYByABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SLgoKZXhwaXJlc19hdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEAoIcHJvZHVjZXIYCSABKAkSFgoOcHJvZHVjZXJfZXBvY2gYCiABKAQSGQoRcHJvZHVjZXJfc2VxdWVuY2UYCyABKAQiLgoMUHVzaFJlc3BvbnNlEgsKA2lkcxgBIAMoBBIRCglkdXBsaWNhdGUYAiABKAgiVwoPUHVzaE1hbnlSZXF1ZXN0EiUKBnB1c2hlcxgBIAMoCzIVLmJ1c21xLnYxLlB1c2hSZXF1ZXN0Eh0KFXN0b3BfcXVldWVfYXRfZmFpbHVyZRgCIAEoCCI7ChBQdXNoTWFueVJlc3BvbnNlEicKCG91dGNvbWVzGAEgAygLMhUuYnVzbXEudjEuUHVzaE91dGNvbWUiZwoLUHVzaE91dGNvbWUSKAoGcmVzdWx0GAEgASgLMhYuYnVzbXEudjEuUHVzaFJlc3BvbnNlSAASIwoFZXJyb3IYAiABKAsyEi5nb29nbGUucnBjLlN0YXR1c0gAQgkKB291dGNvbWUiSgoRUHVzaFN0cmVhbVJlcXVlc3QSEAoIc2VxdWVuY2UYASABKAQSIwoEcHVzaBgCIAEoCzIVLmJ1c21xLnYxLlB1c2hSZXF1ZXN0IkMKElB1c2hTdHJlYW1SZXNwb25zZRItCghvdXRjb21lcxgBIAMoCzIbLmJ1c21xLnYxLlB1c2hTdHJlYW1PdXRjb21lIn8KEVB1c2hTdHJlYW1PdXRjb21lEhAKCHNlcXVlbmNlGAEgASgEEigKBnJlc3VsdBgCIAEoCzIWLmJ1c21xLnYxLlB1c2hSZXNwb25zZUgAEiMKBWVycm9yGAMgASgLMhIuZ29vZ2xlLnJwYy5TdGF0dXNIAEIJCgdvdXRjb21lIpQCCg5Db25zdW1lUmVxdWVzdBINCgVxdWV1ZRgBIAEoCRIjCgRtb2RlGAIgASgOMhUuYnVzbXEudjEuQ29uc3VtZU1vZGUSDwoHZnJvbV9pZBgDIAEoBBITCgtmcm9tX2xhdGVzdBgEIAEoCBILCgNtYXgYBSABKAQSEAoIcHJlZmV0Y2gYBiABKA0SNQoSdmlzaWJpbGl0eV90aW1lb3V0GAcgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg0KBWJhdGNoGAggASgIEhYKDm1heF9kZWxpdmVyaWVzGAkgASgNEisKDHJldHJ5X3BvbGljeRgKIAEoCzIVLmJ1c21xLnYxLlJldHJ5UG9saWN5IocBCgtSZXRyeVBvbGljeRIqCgdpbml0aWFsGAEgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg4KBmZhY3RvchgCIAEoARIsCgltYXhfZGVsYXkYAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SDgoGaml0dGVyGAQgASgBIk8KCVJhdGVMaW1pdBINCgVsaW1pdBgBIAEoDRImCgNwZXIYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SCwoDa2V5GAMgASgJIuoBCg9Db25zdW1lUmVzcG9uc2USKwoHc3RhcnRlZBgBIAEoCzIYLmJ1c21xLnYxLkNvbnN1bWVTdGFydGVkSAASJgoIZGVsaXZlcnkYAiABKAsyEi5idXNtcS52MS5EZWxpdmVyeUgAEigKCWhlYXJ0YmVhdBgDIAEoCzITLmJ1c21xLnYxLkhlYXJ0YmVhdEgAEiUKBXN0YXRlGAQgASgLMhQuYnVzbXEudjEuU3RhdGVFdmVudEgAEigKBWJhdGNoGAUgASgLMhcuYnVzbXEudjEuRGVsaXZlcnlCYXRjaEgAQgcKBWV2ZW50IjcKDURlbGl2ZXJ5QmF0Y2gSJgoKZGVsaXZlcmllcxgBIAMoCzISLmJ1c21xLnYxLkRlbGl2ZXJ5IiUKDkNvbnN1bWVTdGFydGVkEhMKC2NvbnN1bWVyX2lkGAEgASgJIk8KCkFja1JlcXVlc3QSDQoFcXVldWUYASABKAkSCwoDaWRzGAIgAygEEhAKCHVwX3RvX2lkGAMgASgEEhMKC2NvbnN1bWVyX2lkGAQgASgJIjEKC0Fja1Jlc3BvbnNlEg0KBWFja2VkGAEgASgEEhMKC3Vua25vd25faWRzGAIgAygEIncKC05hY2tSZXF1ZXN0Eg0KBXF1ZXVlGAEgASgJEhMKC2NvbnN1bWVyX2lkGAIgASgJEgsKA2lkcxgDIAMoBBIoCgVkZWxheRgEIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhINCgVlcnJvchgFIAEoCSIjCgxOYWNrUmVzcG9uc2USEwoLdW5rbm93bl9pZHMYASADKAQiUAoNUmVqZWN0UmVxdWVzdBINCgVxdWV1ZRgBIAEoCRITCgtjb25zdW1lcl9pZBgCIAEoCRILCgNpZHMYAyADKAQSDgoGcmVhc29uGAQgASgJIiUKDlJlamVjdFJlc3BvbnNlEhMKC3Vua25vd25faWRzGAEgAygEIj8KElJlcXVldWVEZWFkUmVxdWVzdBINCgVxdWV1ZRgBIAEoCRILCgNpZHMYAiADKAQSDQoFbGltaXQYAyABKAQiIgoTUmVxdWV1ZURlYWRSZXNwb25zZRILCgNpZHMYASADKAQimAIKGlVwZGF0ZVF1ZXVlQ29udHJvbHNSZXF1ZXN0Eg0KBXF1ZXVlGAEgASgJEhMKBnBhdXNlZBgCIAEoCEgAiAEBEicKCnJhdGVfbGltaXQYAyABKAsyEy5idXNtcS52MS5SYXRlTGltaXQSGgoScmVtb3ZlX3JhdGVfbGltaXRzGAQgASgIEhsKDm1heF9kZWxpdmVyaWVzGAUgASgNSAGIAQESGQoMZHJvcF9leHBpcmVkGAYgASgISAKIAQESGQoMb3JkZXJpbmdfa2V5GAcgASgJSAOIAQFCCQoHX3BhdXNlZEIRCg9fbWF4X2RlbGl2ZXJpZXNCDwoNX2Ryb3BfZXhwaXJlZEIPCg1fb3JkZXJpbmdfa2V5Ih0KG1VwZGF0ZVF1ZXVlQ29udHJvbHNSZXNwb25zZSIgCg9HZXRRdWV1ZVJlcXVlc3QSDQoFcXVldWUYASABKAkitwQKEEdldFF1ZXVlUmVzcG9uc2USDQoFcXVldWUYASABKAkSDQoFY291bnQYAiABKAQSJgoDdHRsGAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg8KB2xhc3RfaWQYBCABKAQSOgoIbWV0YWRhdGEYBSADKAsyKC5idXNtcS52MS5HZXRRdWV1ZVJlc3BvbnNlLk1ldGFkYXRhRW50cnkSDwoHcGVuZGluZxgGIAEoBBIPCgdkZWxheWVkGAcgASgEEhQKDGRlYWRfbGV0dGVycxgIIAEoBBIOCgZwYXVzZWQYCSABKAgSJwoKcmF0ZV9saW1pdBgKIAEoCzITLmJ1c21xLnYxLlJhdGVMaW1pdBIrCg5rZXlfcmF0ZV9saW1pdBgLIAEoCzITLmJ1c21xLnYxLlJhdGVMaW1pdBIWCg5tYXhfZGVsaXZlcmllcxgMIAEoDRIUCgxkcm9wX2V4cGlyZWQYDSABKAgSDAoEbW9kZRgOIAEoCRIUCgxvcmRlcmluZ19rZXkYDyABKAkSHgoWb3JkZXJlZF9rZXlzX2luX2ZsaWdodBgQIAEoBBIXCg9vcmRlcmVkX3dhaXRpbmcYESABKAQSNgoTb2xkZXN0X29yZGVyZWRfd2FpdBgSIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhovCg1NZXRhZGF0YUVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiogEKGlVwZGF0ZVF1ZXVlTWV0YWRhdGFSZXF1ZXN0Eg0KBXF1ZXVlGAEgASgJEkQKCG1ldGFkYXRhGAIgAygLMjIuYnVzbXEudjEuVXBkYXRlUXVldWVNZXRhZGF0YVJlcXVlc3QuTWV0YWRhdGFFbnRyeRovCg1NZXRhZGF0YUVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiHQobVXBkYXRlUXVldWVNZXRhZGF0YVJlc3BvbnNlIiIKEUZsdXNoUXVldWVSZXF1ZXN0Eg0KBXF1ZXVlGAEgASgJIhQKEkZsdXNoUXVldWVSZXNwb25zZSIiChFDbG9zZVF1ZXVlUmVxdWVzdBINCgVxdWV1ZRgBIAEoCSIUChJDbG9zZVF1ZXVlUmVzcG9uc2UiSgoRTGlzdFF1ZXVlc1JlcXVlc3QSDgoGcHJlZml4GAEgASgJEhEKCXBhZ2Vfc2l6ZRgCIAEoDRISCgpwYWdlX3Rva2VuGAMgASgJImQKEkxpc3RRdWV1ZXNSZXNwb25zZRImCgZxdWV1ZXMYASADKAsyFi5idXNtcS52MS5RdWV1ZVN1bW1hcnkSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJEg0KBXRvdGFsGAMgASgEIuwDCgxRdWV1ZVN1bW1hcnkSDQoFcXVldWUYASABKAkSDQoFc2hhcmQYAiABKAkSDQoFY291bnQYAyABKAQSDQoFcmVhZHkYBCABKAQSDwoHcGVuZGluZxgFIAEoBBIxCg5vbGRlc3RfcGVuZGluZxgGIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIRCgljb25zdW1lcnMYByABKA0SEwoLYXR0YWNobWVudHMYCCABKA0SDwoHZGVsYXllZBgJIAEoBBIUCgxkZWFkX2xldHRlcnMYCiABKAQSDwoHbGFzdF9pZBgLIAEoBBIRCglkZWxpdmVyZWQYDCABKAQSDAoEbW9kZRgNIAEoCRIOCgZwYXVzZWQYDiABKAgSJgoDdHRsGA8gASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEicKCnJhdGVfbGltaXQYECABKAsyEy5idXNtcS52MS5SYXRlTGltaXQSKwoOa2V5X3JhdGVfbGltaXQYESABKAsyEy5idXNtcS52MS5SYXRlTGltaXQSFAoMb3JkZXJpbmdfa2V5GBIgASgJEh4KFm9yZGVyZWRfa2V5c19pbl9mbGlnaHQYEyABKAQSFwoPb3JkZXJlZF93YWl0aW5nGBQgASgEIlMKEkJyb3dzZVF1ZXVlUmVxdWVzdBINCgVxdWV1ZRgBIAEoCRIPCgdmcm9tX2lkGAIgASgEEg0KBXRvX2lkGAMgASgEEg4KBmZvbGxvdxgEIAEoCCKbAQoTQnJvd3NlUXVldWVSZXNwb25zZRIqCghtZXNzYWdlcxgBIAEoCzIWLmJ1c21xLnYxLk1lc3NhZ2VCYXRjaEgAEigKCWhlYXJ0YmVhdBgCIAEoCzITLmJ1c21xLnYxLkhlYXJ0YmVhdEgAEiUKBXN0YXRlGAMgASgLMhQuYnVzbXEudjEuU3RhdGVFdmVudEgAQgcKBWV2ZW50IjMKDE1lc3NhZ2VCYXRjaBIjCghtZXNzYWdlcxgBIAMoCzIRLmJ1c21xLnYxLk1lc3NhZ2UqwwIKE1NjaGVtYUNvbXBhdGliaWxpdHkSJAogU0NIRU1BX0NPTVBBVElCSUxJVFlfVU5TUEVDSUZJRUQQABIhCh1TQ0hFTUFfQ09NUEFUSUJJTElUWV9CQUNLV0FSRBABEiwKKFNDSEVNQV9DT01QQVRJQklMSVRZX0JBQ0tXQVJEX1RSQU5TSVRJVkUQAhIgChxTQ0hFTUFfQ09NUEFUSUJJTElUWV9GT1JXQVJEEAMSKwonU0NIRU1BX0NPTVBBVElCSUxJVFlfRk9SV0FSRF9UUkFOU0lUSVZFEAQSHQoZU0NIRU1BX0NPTVBBVElCSUxJVFlfRlVMTBAFEigKJFNDSEVNQV9DT01QQVRJQklMSVRZX0ZVTExfVFJBTlNJVElWRRAGEh0KGVNDSEVNQV9DT01QQVRJQklMSVRZX05PTkUQBzKSDQoMUXVldWVTZXJ2aWNlEkoKC0F0dGFjaFF1ZXVlEhwuYnVzbXEudjEuQXR0YWNoUXVldWVSZXF1ZXN0Gh0uYnVzbXEudjEuQXR0YWNoUXVldWVSZXNwb25zZRJWCg9SZW5ld0F0dGFjaG1lbnQSIC5idXNtcS52MS5SZW5ld0F0dGFjaG1lbnRSZXF1ZXN0GiEuYnVzbXEudjEuUmVuZXdBdHRhY2htZW50UmVzcG9uc2USSgoLRGV0YWNoUXVldWUSHC5idXNtcS52MS5EZXRhY2hRdWV1ZVJlcXVlc3QaHS5idXNtcS52MS5EZXRhY2hRdWV1ZVJlc3BvbnNlEjUKBFB1c2gSFS5idXNtcS52MS5QdXNoUmVxdWVzdBoWLmJ1c21xLnYxLlB1c2hSZXNwb25zZRJBCghQdXNoTWFueRIZLmJ1c21xLnYxLlB1c2hNYW55UmVxdWVzdBoaLmJ1c21xLnYxLlB1c2hNYW55UmVzcG9uc2USSwoKUHVzaFN0cmVhbRIbLmJ1c21xLnYxLlB1c2hTdHJlYW1SZXF1ZXN0GhwuYnVzbXEudjEuUHVzaFN0cmVhbVJlc3BvbnNlKAEwARJACgdDb25zdW1lEhguYnVzbXEudjEuQ29uc3VtZVJlcXVlc3QaGS5idXNtcS52MS5Db25zdW1lUmVzcG9uc2UwARIyCgNBY2sSFC5idXNtcS52MS5BY2tSZXF1ZXN0GhUuYnVzbXEudjEuQWNrUmVzcG9uc2USNQoETmFjaxIVLmJ1c21xLnYxLk5hY2tSZXF1ZXN0GhYuYnVzbXEudjEuTmFja1Jlc3BvbnNlEjsKBlJlamVjdBIXLmJ1c21xLnYxLlJlamVjdFJlcXVlc3QaGC5idXNtcS52MS5SZWplY3RSZXNwb25zZRJKCgtSZXF1ZXVlRGVhZBIcLmJ1c21xLnYxLlJlcXVldWVEZWFkUmVxdWVzdBodLmJ1c21xLnYxLlJlcXVldWVEZWFkUmVzcG9uc2USYgoTVXBkYXRlUXVldWVDb250cm9scxIkLmJ1c21xLnYxLlVwZGF0ZVF1ZXVlQ29udHJvbHNSZXF1ZXN0GiUuYnVzbXEudjEuVXBkYXRlUXVldWVDb250cm9sc1Jlc3BvbnNlEkEKCEdldFF1ZXVlEhkuYnVzbXEudjEuR2V0UXVldWVSZXF1ZXN0GhouYnVzbXEudjEuR2V0UXVldWVSZXNwb25zZRJiChNVcGRhdGVRdWV1ZU1ldGFkYXRhEiQuYnVzbXEudjEuVXBkYXRlUXVldWVNZXRhZGF0YVJlcXVlc3QaJS5idXNtcS52MS5VcGRhdGVRdWV1ZU1ldGFkYXRhUmVzcG9uc2USRwoKRmx1c2hRdWV1ZRIbLmJ1c21xLnYxLkZsdXNoUXVldWVSZXF1ZXN0GhwuYnVzbXEudjEuRmx1c2hRdWV1ZVJlc3BvbnNlEkcKCkNsb3NlUXVldWUSGy5idXNtcS52MS5DbG9zZVF1ZXVlUmVxdWVzdBocLmJ1c21xLnYxLkNsb3NlUXVldWVSZXNwb25zZRJHCgpMaXN0UXVldWVzEhsuYnVzbXEudjEuTGlzdFF1ZXVlc1JlcXVlc3QaHC5idXNtcS52MS5MaXN0UXVldWVzUmVzcG9uc2USTAoLQnJvd3NlUXVldWUSHC5idXNtcS52MS5Ccm93c2VRdWV1ZVJlcXVlc3QaHS5idXNtcS52MS5Ccm93c2VRdWV1ZVJlc3BvbnNlMAESUwoOU2V0UXVldWVTY2hlbWESHy5idXNtcS52MS5TZXRRdWV1ZVNjaGVtYVJlcXVlc3QaIC5idXNtcS52MS5TZXRRdWV1ZVNjaGVtYVJlc3BvbnNlElMKDkdldFF1ZXVlU2NoZW1hEh8uYnVzbXEudjEuR2V0UXVldWVTY2hlbWFSZXF1ZXN0GiAuYnVzbXEudjEuR2V0UXVldWVTY2hlbWFSZXNwb25zZRJcChFSZW1vdmVRdWV1ZVNjaGVtYRIiLmJ1c21xLnYxLlJlbW92ZVF1ZXVlU2NoZW1hUmVxdWVzdBojLmJ1c21xLnYxLlJlbW92ZVF1ZXVlU2NoZW1hUmVzcG9uc2USWQoQQ2hlY2tRdWV1ZVNjaGVtYRIhLmJ1c21xLnYxLkNoZWNrUXVldWVTY2hlbWFSZXF1ZXN0GiIuYnVzbXEudjEuQ2hlY2tRdWV1ZVNjaGVtYVJlc3BvbnNlYgZwcm90bzM", [file_busmq_v1_types, file_google_protobuf_duration, file_google_protobuf_timestamp, file_google_rpc_status]);
+
+/**
+ * One version of a queue's schema.
+ *
+ * @generated from message busmq.v1.SchemaVersion
+ */
+export type SchemaVersion = Message<"busmq.v1.SchemaVersion"> & {
+  /**
+   * 1, 2, ... in the order they were set.
+   *
+   * @generated from field: uint32 version = 1;
+   */
+  version: number;
+
+  /**
+   * The JSON Schema document, as JSON text.
+   *
+   * @generated from field: string json_schema = 2;
+   */
+  jsonSchema: string;
+
+  /**
+   * When it was set.
+   *
+   * @generated from field: google.protobuf.Timestamp create_time = 3;
+   */
+  createTime?: Timestamp;
+};
+
+/**
+ * Describes the message busmq.v1.SchemaVersion.
+ * Use `create(SchemaVersionSchema)` to create a new message.
+ */
+export const SchemaVersionSchema: GenMessage<SchemaVersion> = /*@__PURE__*/
+  messageDesc(file_busmq_v1_queue_service, 0);
+
+/**
+ * @generated from message busmq.v1.SetQueueSchemaRequest
+ */
+export type SetQueueSchemaRequest = Message<"busmq.v1.SetQueueSchemaRequest"> & {
+  /**
+   * @generated from field: string queue = 1;
+   */
+  queue: string;
+
+  /**
+   * The JSON Schema document, as JSON text.
+   *
+   * @generated from field: string json_schema = 2;
+   */
+  jsonSchema: string;
+
+  /**
+   * Set the queue's compatibility mode (unspecified: keep it).
+   *
+   * @generated from field: busmq.v1.SchemaCompatibility compatibility = 3;
+   */
+  compatibility: SchemaCompatibility;
+};
+
+/**
+ * Describes the message busmq.v1.SetQueueSchemaRequest.
+ * Use `create(SetQueueSchemaRequestSchema)` to create a new message.
+ */
+export const SetQueueSchemaRequestSchema: GenMessage<SetQueueSchemaRequest> = /*@__PURE__*/
+  messageDesc(file_busmq_v1_queue_service, 1);
+
+/**
+ * @generated from message busmq.v1.SetQueueSchemaResponse
+ */
+export type SetQueueSchemaResponse = Message<"busmq.v1.SetQueueSchemaResponse"> & {
+  /**
+   * The new version, or the current one when `json_schema` is the current schema.
+   *
+   * @generated from field: busmq.v1.SchemaVersion version = 1;
+   */
+  version?: SchemaVersion;
+};
+
+/**
+ * Describes the message busmq.v1.SetQueueSchemaResponse.
+ * Use `create(SetQueueSchemaResponseSchema)` to create a new message.
+ */
+export const SetQueueSchemaResponseSchema: GenMessage<SetQueueSchemaResponse> = /*@__PURE__*/
+  messageDesc(file_busmq_v1_queue_service, 2);
+
+/**
+ * @generated from message busmq.v1.GetQueueSchemaRequest
+ */
+export type GetQueueSchemaRequest = Message<"busmq.v1.GetQueueSchemaRequest"> & {
+  /**
+   * @generated from field: string queue = 1;
+   */
+  queue: string;
+};
+
+/**
+ * Describes the message busmq.v1.GetQueueSchemaRequest.
+ * Use `create(GetQueueSchemaRequestSchema)` to create a new message.
+ */
+export const GetQueueSchemaRequestSchema: GenMessage<GetQueueSchemaRequest> = /*@__PURE__*/
+  messageDesc(file_busmq_v1_queue_service, 3);
+
+/**
+ * @generated from message busmq.v1.GetQueueSchemaResponse
+ */
+export type GetQueueSchemaResponse = Message<"busmq.v1.GetQueueSchemaResponse"> & {
+  /**
+   * The version enforced now; 0: pushes are not checked.
+   *
+   * @generated from field: uint32 current_version = 1;
+   */
+  currentVersion: number;
+
+  /**
+   * @generated from field: busmq.v1.SchemaCompatibility compatibility = 2;
+   */
+  compatibility: SchemaCompatibility;
+
+  /**
+   * Every version, oldest first.
+   *
+   * @generated from field: repeated busmq.v1.SchemaVersion versions = 3;
+   */
+  versions: SchemaVersion[];
+};
+
+/**
+ * Describes the message busmq.v1.GetQueueSchemaResponse.
+ * Use `create(GetQueueSchemaResponseSchema)` to create a new message.
+ */
+export const GetQueueSchemaResponseSchema: GenMessage<GetQueueSchemaResponse> = /*@__PURE__*/
+  messageDesc(file_busmq_v1_queue_service, 4);
+
+/**
+ * @generated from message busmq.v1.RemoveQueueSchemaRequest
+ */
+export type RemoveQueueSchemaRequest = Message<"busmq.v1.RemoveQueueSchemaRequest"> & {
+  /**
+   * @generated from field: string queue = 1;
+   */
+  queue: string;
+};
+
+/**
+ * Describes the message busmq.v1.RemoveQueueSchemaRequest.
+ * Use `create(RemoveQueueSchemaRequestSchema)` to create a new message.
+ */
+export const RemoveQueueSchemaRequestSchema: GenMessage<RemoveQueueSchemaRequest> = /*@__PURE__*/
+  messageDesc(file_busmq_v1_queue_service, 5);
+
+/**
+ * @generated from message busmq.v1.RemoveQueueSchemaResponse
+ */
+export type RemoveQueueSchemaResponse = Message<"busmq.v1.RemoveQueueSchemaResponse"> & {
+};
+
+/**
+ * Describes the message busmq.v1.RemoveQueueSchemaResponse.
+ * Use `create(RemoveQueueSchemaResponseSchema)` to create a new message.
+ */
+export const RemoveQueueSchemaResponseSchema: GenMessage<RemoveQueueSchemaResponse> = /*@__PURE__*/
+  messageDesc(file_busmq_v1_queue_service, 6);
+
+/**
+ * @generated from message busmq.v1.CheckQueueSchemaRequest
+ */
+export type CheckQueueSchemaRequest = Message<"busmq.v1.CheckQueueSchemaRequest"> & {
+  /**
+   * @generated from field: string queue = 1;
+   */
+  queue: string;
+
+  /**
+   * @generated from field: repeated busmq.v1.OutgoingMessage messages = 2;
+   */
+  messages: OutgoingMessage[];
+};
+
+/**
+ * Describes the message busmq.v1.CheckQueueSchemaRequest.
+ * Use `create(CheckQueueSchemaRequestSchema)` to create a new message.
+ */
+export const CheckQueueSchemaRequestSchema: GenMessage<CheckQueueSchemaRequest> = /*@__PURE__*/
+  messageDesc(file_busmq_v1_queue_service, 7);
+
+/**
+ * @generated from message busmq.v1.CheckQueueSchemaResponse
+ */
+export type CheckQueueSchemaResponse = Message<"busmq.v1.CheckQueueSchemaResponse"> & {
+  /**
+   * The version checked against; 0: the queue has no schema (everything fits).
+   *
+   * @generated from field: uint32 version = 1;
+   */
+  version: number;
+
+  /**
+   * What does not fit (empty: every message does).
+   *
+   * @generated from field: repeated busmq.v1.SchemaViolation violations = 2;
+   */
+  violations: SchemaViolation[];
+};
+
+/**
+ * Describes the message busmq.v1.CheckQueueSchemaResponse.
+ * Use `create(CheckQueueSchemaResponseSchema)` to create a new message.
+ */
+export const CheckQueueSchemaResponseSchema: GenMessage<CheckQueueSchemaResponse> = /*@__PURE__*/
+  messageDesc(file_busmq_v1_queue_service, 8);
+
+/**
+ * Why a message does not fit a queue's schema.
+ *
+ * @generated from message busmq.v1.SchemaViolation
+ */
+export type SchemaViolation = Message<"busmq.v1.SchemaViolation"> & {
+  /**
+   * The message's index in the request.
+   *
+   * @generated from field: uint32 index = 1;
+   */
+  index: number;
+
+  /**
+   * JSON pointer to the offending value ("" for the message itself).
+   *
+   * @generated from field: string pointer = 2;
+   */
+  pointer: string;
+
+  /**
+   * The JSON Schema keyword broken ("type", "required", ...; "json": not JSON).
+   *
+   * @generated from field: string rule = 3;
+   */
+  rule: string;
+
+  /**
+   * @generated from field: string message = 4;
+   */
+  message: string;
+};
+
+/**
+ * Describes the message busmq.v1.SchemaViolation.
+ * Use `create(SchemaViolationSchema)` to create a new message.
+ */
+export const SchemaViolationSchema: GenMessage<SchemaViolation> = /*@__PURE__*/
+  messageDesc(file_busmq_v1_queue_service, 9);
 
 /**
  * @generated from message busmq.v1.AttachQueueRequest
@@ -70,7 +321,7 @@ export type AttachQueueRequest = Message<"busmq.v1.AttachQueueRequest"> & {
  * Use `create(AttachQueueRequestSchema)` to create a new message.
  */
 export const AttachQueueRequestSchema: GenMessage<AttachQueueRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 0);
+  messageDesc(file_busmq_v1_queue_service, 10);
 
 /**
  * @generated from message busmq.v1.AttachQueueResponse
@@ -103,7 +354,7 @@ export type AttachQueueResponse = Message<"busmq.v1.AttachQueueResponse"> & {
  * Use `create(AttachQueueResponseSchema)` to create a new message.
  */
 export const AttachQueueResponseSchema: GenMessage<AttachQueueResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 1);
+  messageDesc(file_busmq_v1_queue_service, 11);
 
 /**
  * @generated from message busmq.v1.RenewAttachmentRequest
@@ -120,7 +371,7 @@ export type RenewAttachmentRequest = Message<"busmq.v1.RenewAttachmentRequest"> 
  * Use `create(RenewAttachmentRequestSchema)` to create a new message.
  */
 export const RenewAttachmentRequestSchema: GenMessage<RenewAttachmentRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 2);
+  messageDesc(file_busmq_v1_queue_service, 12);
 
 /**
  * @generated from message busmq.v1.RenewAttachmentResponse
@@ -133,7 +384,7 @@ export type RenewAttachmentResponse = Message<"busmq.v1.RenewAttachmentResponse"
  * Use `create(RenewAttachmentResponseSchema)` to create a new message.
  */
 export const RenewAttachmentResponseSchema: GenMessage<RenewAttachmentResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 3);
+  messageDesc(file_busmq_v1_queue_service, 13);
 
 /**
  * @generated from message busmq.v1.DetachQueueRequest
@@ -150,7 +401,7 @@ export type DetachQueueRequest = Message<"busmq.v1.DetachQueueRequest"> & {
  * Use `create(DetachQueueRequestSchema)` to create a new message.
  */
 export const DetachQueueRequestSchema: GenMessage<DetachQueueRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 4);
+  messageDesc(file_busmq_v1_queue_service, 14);
 
 /**
  * @generated from message busmq.v1.DetachQueueResponse
@@ -163,7 +414,7 @@ export type DetachQueueResponse = Message<"busmq.v1.DetachQueueResponse"> & {
  * Use `create(DetachQueueResponseSchema)` to create a new message.
  */
 export const DetachQueueResponseSchema: GenMessage<DetachQueueResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 5);
+  messageDesc(file_busmq_v1_queue_service, 15);
 
 /**
  * @generated from message busmq.v1.PushRequest
@@ -255,7 +506,7 @@ export type PushRequest = Message<"busmq.v1.PushRequest"> & {
  * Use `create(PushRequestSchema)` to create a new message.
  */
 export const PushRequestSchema: GenMessage<PushRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 6);
+  messageDesc(file_busmq_v1_queue_service, 16);
 
 /**
  * @generated from message busmq.v1.PushResponse
@@ -279,7 +530,7 @@ export type PushResponse = Message<"busmq.v1.PushResponse"> & {
  * Use `create(PushResponseSchema)` to create a new message.
  */
 export const PushResponseSchema: GenMessage<PushResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 7);
+  messageDesc(file_busmq_v1_queue_service, 17);
 
 /**
  * @generated from message busmq.v1.PushManyRequest
@@ -309,7 +560,7 @@ export type PushManyRequest = Message<"busmq.v1.PushManyRequest"> & {
  * Use `create(PushManyRequestSchema)` to create a new message.
  */
 export const PushManyRequestSchema: GenMessage<PushManyRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 8);
+  messageDesc(file_busmq_v1_queue_service, 18);
 
 /**
  * @generated from message busmq.v1.PushManyResponse
@@ -328,7 +579,7 @@ export type PushManyResponse = Message<"busmq.v1.PushManyResponse"> & {
  * Use `create(PushManyResponseSchema)` to create a new message.
  */
 export const PushManyResponseSchema: GenMessage<PushManyResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 9);
+  messageDesc(file_busmq_v1_queue_service, 19);
 
 /**
  * What became of one push of a PushMany.
@@ -364,7 +615,7 @@ export type PushOutcome = Message<"busmq.v1.PushOutcome"> & {
  * Use `create(PushOutcomeSchema)` to create a new message.
  */
 export const PushOutcomeSchema: GenMessage<PushOutcome> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 10);
+  messageDesc(file_busmq_v1_queue_service, 20);
 
 /**
  * @generated from message busmq.v1.PushStreamRequest
@@ -388,7 +639,7 @@ export type PushStreamRequest = Message<"busmq.v1.PushStreamRequest"> & {
  * Use `create(PushStreamRequestSchema)` to create a new message.
  */
 export const PushStreamRequestSchema: GenMessage<PushStreamRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 11);
+  messageDesc(file_busmq_v1_queue_service, 21);
 
 /**
  * @generated from message busmq.v1.PushStreamResponse
@@ -407,7 +658,7 @@ export type PushStreamResponse = Message<"busmq.v1.PushStreamResponse"> & {
  * Use `create(PushStreamResponseSchema)` to create a new message.
  */
 export const PushStreamResponseSchema: GenMessage<PushStreamResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 12);
+  messageDesc(file_busmq_v1_queue_service, 22);
 
 /**
  * What became of one push of a PushStream.
@@ -450,7 +701,7 @@ export type PushStreamOutcome = Message<"busmq.v1.PushStreamOutcome"> & {
  * Use `create(PushStreamOutcomeSchema)` to create a new message.
  */
 export const PushStreamOutcomeSchema: GenMessage<PushStreamOutcome> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 13);
+  messageDesc(file_busmq_v1_queue_service, 23);
 
 /**
  * @generated from message busmq.v1.ConsumeRequest
@@ -531,7 +782,7 @@ export type ConsumeRequest = Message<"busmq.v1.ConsumeRequest"> & {
  * Use `create(ConsumeRequestSchema)` to create a new message.
  */
 export const ConsumeRequestSchema: GenMessage<ConsumeRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 14);
+  messageDesc(file_busmq_v1_queue_service, 24);
 
 /**
  * Delay after failed delivery n: initial * factor^(n-1), at most max_delay, shortened by
@@ -566,7 +817,7 @@ export type RetryPolicy = Message<"busmq.v1.RetryPolicy"> & {
  * Use `create(RetryPolicySchema)` to create a new message.
  */
 export const RetryPolicySchema: GenMessage<RetryPolicy> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 15);
+  messageDesc(file_busmq_v1_queue_service, 25);
 
 /**
  * At most `limit` deliveries per `per` for every consumer together; with `key`, for
@@ -596,7 +847,7 @@ export type RateLimit = Message<"busmq.v1.RateLimit"> & {
  * Use `create(RateLimitSchema)` to create a new message.
  */
 export const RateLimitSchema: GenMessage<RateLimit> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 16);
+  messageDesc(file_busmq_v1_queue_service, 26);
 
 /**
  * @generated from message busmq.v1.ConsumeResponse
@@ -647,7 +898,7 @@ export type ConsumeResponse = Message<"busmq.v1.ConsumeResponse"> & {
  * Use `create(ConsumeResponseSchema)` to create a new message.
  */
 export const ConsumeResponseSchema: GenMessage<ConsumeResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 17);
+  messageDesc(file_busmq_v1_queue_service, 27);
 
 /**
  * Deliveries that were read together, in order.
@@ -666,7 +917,7 @@ export type DeliveryBatch = Message<"busmq.v1.DeliveryBatch"> & {
  * Use `create(DeliveryBatchSchema)` to create a new message.
  */
 export const DeliveryBatchSchema: GenMessage<DeliveryBatch> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 18);
+  messageDesc(file_busmq_v1_queue_service, 28);
 
 /**
  * @generated from message busmq.v1.ConsumeStarted
@@ -685,7 +936,7 @@ export type ConsumeStarted = Message<"busmq.v1.ConsumeStarted"> & {
  * Use `create(ConsumeStartedSchema)` to create a new message.
  */
 export const ConsumeStartedSchema: GenMessage<ConsumeStarted> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 19);
+  messageDesc(file_busmq_v1_queue_service, 29);
 
 /**
  * @generated from message busmq.v1.AckRequest
@@ -721,7 +972,7 @@ export type AckRequest = Message<"busmq.v1.AckRequest"> & {
  * Use `create(AckRequestSchema)` to create a new message.
  */
 export const AckRequestSchema: GenMessage<AckRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 20);
+  messageDesc(file_busmq_v1_queue_service, 30);
 
 /**
  * @generated from message busmq.v1.AckResponse
@@ -745,7 +996,7 @@ export type AckResponse = Message<"busmq.v1.AckResponse"> & {
  * Use `create(AckResponseSchema)` to create a new message.
  */
 export const AckResponseSchema: GenMessage<AckResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 21);
+  messageDesc(file_busmq_v1_queue_service, 31);
 
 /**
  * @generated from message busmq.v1.NackRequest
@@ -786,7 +1037,7 @@ export type NackRequest = Message<"busmq.v1.NackRequest"> & {
  * Use `create(NackRequestSchema)` to create a new message.
  */
 export const NackRequestSchema: GenMessage<NackRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 22);
+  messageDesc(file_busmq_v1_queue_service, 32);
 
 /**
  * @generated from message busmq.v1.NackResponse
@@ -805,7 +1056,7 @@ export type NackResponse = Message<"busmq.v1.NackResponse"> & {
  * Use `create(NackResponseSchema)` to create a new message.
  */
 export const NackResponseSchema: GenMessage<NackResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 23);
+  messageDesc(file_busmq_v1_queue_service, 33);
 
 /**
  * @generated from message busmq.v1.RejectRequest
@@ -839,7 +1090,7 @@ export type RejectRequest = Message<"busmq.v1.RejectRequest"> & {
  * Use `create(RejectRequestSchema)` to create a new message.
  */
 export const RejectRequestSchema: GenMessage<RejectRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 24);
+  messageDesc(file_busmq_v1_queue_service, 34);
 
 /**
  * @generated from message busmq.v1.RejectResponse
@@ -858,7 +1109,7 @@ export type RejectResponse = Message<"busmq.v1.RejectResponse"> & {
  * Use `create(RejectResponseSchema)` to create a new message.
  */
 export const RejectResponseSchema: GenMessage<RejectResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 25);
+  messageDesc(file_busmq_v1_queue_service, 35);
 
 /**
  * @generated from message busmq.v1.RequeueDeadRequest
@@ -887,7 +1138,7 @@ export type RequeueDeadRequest = Message<"busmq.v1.RequeueDeadRequest"> & {
  * Use `create(RequeueDeadRequestSchema)` to create a new message.
  */
 export const RequeueDeadRequestSchema: GenMessage<RequeueDeadRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 26);
+  messageDesc(file_busmq_v1_queue_service, 36);
 
 /**
  * @generated from message busmq.v1.RequeueDeadResponse
@@ -906,7 +1157,7 @@ export type RequeueDeadResponse = Message<"busmq.v1.RequeueDeadResponse"> & {
  * Use `create(RequeueDeadResponseSchema)` to create a new message.
  */
 export const RequeueDeadResponseSchema: GenMessage<RequeueDeadResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 27);
+  messageDesc(file_busmq_v1_queue_service, 37);
 
 /**
  * @generated from message busmq.v1.UpdateQueueControlsRequest
@@ -967,7 +1218,7 @@ export type UpdateQueueControlsRequest = Message<"busmq.v1.UpdateQueueControlsRe
  * Use `create(UpdateQueueControlsRequestSchema)` to create a new message.
  */
 export const UpdateQueueControlsRequestSchema: GenMessage<UpdateQueueControlsRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 28);
+  messageDesc(file_busmq_v1_queue_service, 38);
 
 /**
  * @generated from message busmq.v1.UpdateQueueControlsResponse
@@ -980,7 +1231,7 @@ export type UpdateQueueControlsResponse = Message<"busmq.v1.UpdateQueueControlsR
  * Use `create(UpdateQueueControlsResponseSchema)` to create a new message.
  */
 export const UpdateQueueControlsResponseSchema: GenMessage<UpdateQueueControlsResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 29);
+  messageDesc(file_busmq_v1_queue_service, 39);
 
 /**
  * @generated from message busmq.v1.GetQueueRequest
@@ -997,7 +1248,7 @@ export type GetQueueRequest = Message<"busmq.v1.GetQueueRequest"> & {
  * Use `create(GetQueueRequestSchema)` to create a new message.
  */
 export const GetQueueRequestSchema: GenMessage<GetQueueRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 30);
+  messageDesc(file_busmq_v1_queue_service, 40);
 
 /**
  * @generated from message busmq.v1.GetQueueResponse
@@ -1121,7 +1372,7 @@ export type GetQueueResponse = Message<"busmq.v1.GetQueueResponse"> & {
  * Use `create(GetQueueResponseSchema)` to create a new message.
  */
 export const GetQueueResponseSchema: GenMessage<GetQueueResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 31);
+  messageDesc(file_busmq_v1_queue_service, 41);
 
 /**
  * @generated from message busmq.v1.UpdateQueueMetadataRequest
@@ -1143,7 +1394,7 @@ export type UpdateQueueMetadataRequest = Message<"busmq.v1.UpdateQueueMetadataRe
  * Use `create(UpdateQueueMetadataRequestSchema)` to create a new message.
  */
 export const UpdateQueueMetadataRequestSchema: GenMessage<UpdateQueueMetadataRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 32);
+  messageDesc(file_busmq_v1_queue_service, 42);
 
 /**
  * @generated from message busmq.v1.UpdateQueueMetadataResponse
@@ -1156,7 +1407,7 @@ export type UpdateQueueMetadataResponse = Message<"busmq.v1.UpdateQueueMetadataR
  * Use `create(UpdateQueueMetadataResponseSchema)` to create a new message.
  */
 export const UpdateQueueMetadataResponseSchema: GenMessage<UpdateQueueMetadataResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 33);
+  messageDesc(file_busmq_v1_queue_service, 43);
 
 /**
  * @generated from message busmq.v1.FlushQueueRequest
@@ -1173,7 +1424,7 @@ export type FlushQueueRequest = Message<"busmq.v1.FlushQueueRequest"> & {
  * Use `create(FlushQueueRequestSchema)` to create a new message.
  */
 export const FlushQueueRequestSchema: GenMessage<FlushQueueRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 34);
+  messageDesc(file_busmq_v1_queue_service, 44);
 
 /**
  * @generated from message busmq.v1.FlushQueueResponse
@@ -1186,7 +1437,7 @@ export type FlushQueueResponse = Message<"busmq.v1.FlushQueueResponse"> & {
  * Use `create(FlushQueueResponseSchema)` to create a new message.
  */
 export const FlushQueueResponseSchema: GenMessage<FlushQueueResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 35);
+  messageDesc(file_busmq_v1_queue_service, 45);
 
 /**
  * @generated from message busmq.v1.CloseQueueRequest
@@ -1203,7 +1454,7 @@ export type CloseQueueRequest = Message<"busmq.v1.CloseQueueRequest"> & {
  * Use `create(CloseQueueRequestSchema)` to create a new message.
  */
 export const CloseQueueRequestSchema: GenMessage<CloseQueueRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 36);
+  messageDesc(file_busmq_v1_queue_service, 46);
 
 /**
  * @generated from message busmq.v1.CloseQueueResponse
@@ -1216,7 +1467,7 @@ export type CloseQueueResponse = Message<"busmq.v1.CloseQueueResponse"> & {
  * Use `create(CloseQueueResponseSchema)` to create a new message.
  */
 export const CloseQueueResponseSchema: GenMessage<CloseQueueResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 37);
+  messageDesc(file_busmq_v1_queue_service, 47);
 
 /**
  * @generated from message busmq.v1.ListQueuesRequest
@@ -1249,7 +1500,7 @@ export type ListQueuesRequest = Message<"busmq.v1.ListQueuesRequest"> & {
  * Use `create(ListQueuesRequestSchema)` to create a new message.
  */
 export const ListQueuesRequestSchema: GenMessage<ListQueuesRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 38);
+  messageDesc(file_busmq_v1_queue_service, 48);
 
 /**
  * @generated from message busmq.v1.ListQueuesResponse
@@ -1280,7 +1531,7 @@ export type ListQueuesResponse = Message<"busmq.v1.ListQueuesResponse"> & {
  * Use `create(ListQueuesResponseSchema)` to create a new message.
  */
 export const ListQueuesResponseSchema: GenMessage<ListQueuesResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 39);
+  messageDesc(file_busmq_v1_queue_service, 49);
 
 /**
  * A queue's figures as Redis holds them (every client's doing).
@@ -1414,7 +1665,7 @@ export type QueueSummary = Message<"busmq.v1.QueueSummary"> & {
  * Use `create(QueueSummarySchema)` to create a new message.
  */
 export const QueueSummarySchema: GenMessage<QueueSummary> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 40);
+  messageDesc(file_busmq_v1_queue_service, 50);
 
 /**
  * @generated from message busmq.v1.BrowseQueueRequest
@@ -1452,7 +1703,7 @@ export type BrowseQueueRequest = Message<"busmq.v1.BrowseQueueRequest"> & {
  * Use `create(BrowseQueueRequestSchema)` to create a new message.
  */
 export const BrowseQueueRequestSchema: GenMessage<BrowseQueueRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 41);
+  messageDesc(file_busmq_v1_queue_service, 51);
 
 /**
  * @generated from message busmq.v1.BrowseQueueResponse
@@ -1489,7 +1740,7 @@ export type BrowseQueueResponse = Message<"busmq.v1.BrowseQueueResponse"> & {
  * Use `create(BrowseQueueResponseSchema)` to create a new message.
  */
 export const BrowseQueueResponseSchema: GenMessage<BrowseQueueResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 42);
+  messageDesc(file_busmq_v1_queue_service, 52);
 
 /**
  * @generated from message busmq.v1.MessageBatch
@@ -1506,7 +1757,76 @@ export type MessageBatch = Message<"busmq.v1.MessageBatch"> & {
  * Use `create(MessageBatchSchema)` to create a new message.
  */
 export const MessageBatchSchema: GenMessage<MessageBatch> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 43);
+  messageDesc(file_busmq_v1_queue_service, 53);
+
+/**
+ * How a queue's new schema version must relate to the earlier ones (Confluent's modes).
+ *
+ * @generated from enum busmq.v1.SchemaCompatibility
+ */
+export enum SchemaCompatibility {
+  /**
+   * Keep the queue's mode (BACKWARD if it never had one).
+   *
+   * @generated from enum value: SCHEMA_COMPATIBILITY_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Consumers on the new version can read what was pushed under the last one.
+   *
+   * @generated from enum value: SCHEMA_COMPATIBILITY_BACKWARD = 1;
+   */
+  BACKWARD = 1,
+
+  /**
+   * BACKWARD against every earlier version.
+   *
+   * @generated from enum value: SCHEMA_COMPATIBILITY_BACKWARD_TRANSITIVE = 2;
+   */
+  BACKWARD_TRANSITIVE = 2,
+
+  /**
+   * Consumers on the last version can read what is pushed under the new one.
+   *
+   * @generated from enum value: SCHEMA_COMPATIBILITY_FORWARD = 3;
+   */
+  FORWARD = 3,
+
+  /**
+   * FORWARD against every earlier version.
+   *
+   * @generated from enum value: SCHEMA_COMPATIBILITY_FORWARD_TRANSITIVE = 4;
+   */
+  FORWARD_TRANSITIVE = 4,
+
+  /**
+   * BACKWARD and FORWARD.
+   *
+   * @generated from enum value: SCHEMA_COMPATIBILITY_FULL = 5;
+   */
+  FULL = 5,
+
+  /**
+   * FULL against every earlier version.
+   *
+   * @generated from enum value: SCHEMA_COMPATIBILITY_FULL_TRANSITIVE = 6;
+   */
+  FULL_TRANSITIVE = 6,
+
+  /**
+   * No check.
+   *
+   * @generated from enum value: SCHEMA_COMPATIBILITY_NONE = 7;
+   */
+  NONE = 7,
+}
+
+/**
+ * Describes the enum busmq.v1.SchemaCompatibility.
+ */
+export const SchemaCompatibilitySchema: GenEnum<SchemaCompatibility> = /*@__PURE__*/
+  enumDesc(file_busmq_v1_queue_service, 0);
 
 /**
  * Queues: ordered, sharded message queues.
@@ -1712,6 +2032,51 @@ export const QueueService: GenService<{
     methodKind: "server_streaming";
     input: typeof BrowseQueueRequestSchema;
     output: typeof BrowseQueueResponseSchema;
+  },
+  /**
+   * Adds a version of a queue's schema (a JSON Schema, draft 2020-12), checked against the
+   * earlier versions under the queue's compatibility mode: an incompatible one is refused
+   * INVALID_ARGUMENT (SCHEMA_INCOMPATIBLE, a BadRequest field violation per break), a
+   * malformed one INVALID_ARGUMENT (INVALID_SCHEMA). From then on every push to the queue
+   * is checked: a message that does not fit refuses its whole push INVALID_ARGUMENT
+   * (SCHEMA, a BadRequest field violation per problem: `messages[<index>]<JSON pointer>`).
+   *
+   * @generated from rpc busmq.v1.QueueService.SetQueueSchema
+   */
+  setQueueSchema: {
+    methodKind: "unary";
+    input: typeof SetQueueSchemaRequestSchema;
+    output: typeof SetQueueSchemaResponseSchema;
+  },
+  /**
+   * Returns a queue's schema: the version enforced, the compatibility mode, every version.
+   *
+   * @generated from rpc busmq.v1.QueueService.GetQueueSchema
+   */
+  getQueueSchema: {
+    methodKind: "unary";
+    input: typeof GetQueueSchemaRequestSchema;
+    output: typeof GetQueueSchemaResponseSchema;
+  },
+  /**
+   * Stops checking pushes to a queue (its versions are kept).
+   *
+   * @generated from rpc busmq.v1.QueueService.RemoveQueueSchema
+   */
+  removeQueueSchema: {
+    methodKind: "unary";
+    input: typeof RemoveQueueSchemaRequestSchema;
+    output: typeof RemoveQueueSchemaResponseSchema;
+  },
+  /**
+   * Checks messages against a queue's schema without pushing them.
+   *
+   * @generated from rpc busmq.v1.QueueService.CheckQueueSchema
+   */
+  checkQueueSchema: {
+    methodKind: "unary";
+    input: typeof CheckQueueSchemaRequestSchema;
+    output: typeof CheckQueueSchemaResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_busmq_v1_queue_service, 0);

@@ -28,7 +28,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file google/rpc/error_details.proto.
  */
 export const file_google_rpc_error_details: GenFile = /*@__PURE__*/
-  fileDesc("Ch5nb29nbGUvcnBjL2Vycm9yX2RldGFpbHMucHJvdG8SCmdvb2dsZS5ycGMikwEKCUVycm9ySW5mbxIOCgZyZWFzb24YASABKAkSDgoGZG9tYWluGAIgASgJEjUKCG1ldGFkYXRhGAMgAygLMiMuZ29vZ2xlLnJwYy5FcnJvckluZm8uTWV0YWRhdGFFbnRyeRovCg1NZXRhZGF0YUVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAFCbAoOY29tLmdvb2dsZS5ycGNCEUVycm9yRGV0YWlsc1Byb3RvUAFaP2dvb2dsZS5nb2xhbmcub3JnL2dlbnByb3RvL2dvb2dsZWFwaXMvcnBjL2VycmRldGFpbHM7ZXJyZGV0YWlsc6ICA1JQQ2IGcHJvdG8z");
+  fileDesc("Ch5nb29nbGUvcnBjL2Vycm9yX2RldGFpbHMucHJvdG8SCmdvb2dsZS5ycGMikwEKCUVycm9ySW5mbxIOCgZyZWFzb24YASABKAkSDgoGZG9tYWluGAIgASgJEjUKCG1ldGFkYXRhGAMgAygLMiMuZ29vZ2xlLnJwYy5FcnJvckluZm8uTWV0YWRhdGFFbnRyeRovCg1NZXRhZGF0YUVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEikwEKCkJhZFJlcXVlc3QSPwoQZmllbGRfdmlvbGF0aW9ucxgBIAMoCzIlLmdvb2dsZS5ycGMuQmFkUmVxdWVzdC5GaWVsZFZpb2xhdGlvbhpECg5GaWVsZFZpb2xhdGlvbhINCgVmaWVsZBgBIAEoCRITCgtkZXNjcmlwdGlvbhgCIAEoCRIOCgZyZWFzb24YAyABKAlCbAoOY29tLmdvb2dsZS5ycGNCEUVycm9yRGV0YWlsc1Byb3RvUAFaP2dvb2dsZS5nb2xhbmcub3JnL2dlbnByb3RvL2dvb2dsZWFwaXMvcnBjL2VycmRldGFpbHM7ZXJyZGV0YWlsc6ICA1JQQ2IGcHJvdG8z");
 
 /**
  * Describes the cause of the error with structured details.
@@ -64,4 +64,62 @@ export type ErrorInfo = Message<"google.rpc.ErrorInfo"> & {
  */
 export const ErrorInfoSchema: GenMessage<ErrorInfo> = /*@__PURE__*/
   messageDesc(file_google_rpc_error_details, 0);
+
+/**
+ * Describes violations in a client request: the gateway sends one with a schema refusal
+ * (see busmq.v1.QueueService.SetQueueSchema). Vendored without `localized_message`.
+ *
+ * @generated from message google.rpc.BadRequest
+ */
+export type BadRequest = Message<"google.rpc.BadRequest"> & {
+  /**
+   * Describes all violations in a client request.
+   *
+   * @generated from field: repeated google.rpc.BadRequest.FieldViolation field_violations = 1;
+   */
+  fieldViolations: BadRequest_FieldViolation[];
+};
+
+/**
+ * Describes the message google.rpc.BadRequest.
+ * Use `create(BadRequestSchema)` to create a new message.
+ */
+export const BadRequestSchema: GenMessage<BadRequest> = /*@__PURE__*/
+  messageDesc(file_google_rpc_error_details, 1);
+
+/**
+ * A message type used to describe a single bad request field.
+ *
+ * @generated from message google.rpc.BadRequest.FieldViolation
+ */
+export type BadRequest_FieldViolation = Message<"google.rpc.BadRequest.FieldViolation"> & {
+  /**
+   * A path that leads to a field in the request body.
+   *
+   * @generated from field: string field = 1;
+   */
+  field: string;
+
+  /**
+   * A description of why the request element is bad.
+   *
+   * @generated from field: string description = 2;
+   */
+  description: string;
+
+  /**
+   * The reason of the field-level error (UPPER_SNAKE_CASE by googleapis' convention;
+   * busmq sends the JSON Schema keyword broken).
+   *
+   * @generated from field: string reason = 3;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message google.rpc.BadRequest.FieldViolation.
+ * Use `create(BadRequest_FieldViolationSchema)` to create a new message.
+ */
+export const BadRequest_FieldViolationSchema: GenMessage<BadRequest_FieldViolation> = /*@__PURE__*/
+  messageDesc(file_google_rpc_error_details, 1, 0);
 
