@@ -47,6 +47,7 @@ from .events import Event, Subscription
 from .message import Delivery, Message, PayloadKind
 from .ordering import OrderingState
 from .persistable import Persistable
+from .protobuf_schema import ProtobufSchema
 from .pushing import Producer, PushResult
 from .queue import Queue, Retention
 from .schemas import (
@@ -98,6 +99,7 @@ __all__ = [
     "Persistable",
     "Producer",
     "ProducerFencedError",
+    "ProtobufSchema",
     "PushResult",
     "Queue",
     "QueueFullError",

@@ -50,6 +50,11 @@ class InvalidMessageError(BusError, ValueError):
     """A payload or header set cannot be encoded as a message."""
 
 
+class InvalidSchemaError(InvalidMessageError):
+    """A schema that is not one: not JSON, not a valid JSON Schema, or too large. The
+    queue keeps its current version."""
+
+
 class MessageTooLargeError(InvalidMessageError):
     """An encoded message is larger than ``BusSettings.max_message_bytes``."""
 

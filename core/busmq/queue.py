@@ -23,7 +23,7 @@ from .message import EncodedMessage, Message
 from .pushing import Item, PushOptions, PushResult
 from .queue_api import AttachOptions, Owner, QueueAPI, Retention
 from .queue_store import QueueStore
-from .schemas import Compatibility, JsonSchema, SchemaVersion, Violation
+from .schemas import Compatibility, Schema, SchemaVersion, Violation
 
 if TYPE_CHECKING:
     from .context import BusContext
@@ -76,9 +76,10 @@ class Queue(QueueAPI[Never, Consumer]):
         return Queue(self._bus, dead_letter_name(self.name))
 
     async def set_schema(
-        self, schema: JsonSchema, *, compatibility: Compatibility | str | None = None
+        self, schema: Schema, *, compatibility: Compatibility | str | None = None
     ) -> SchemaVersion:
-        """Enforce ``schema`` on every push from now on, as the queue's next version.
+        """Enforce ``schema`` (a :class:`JsonSchema`, or a :class:`ProtobufSchema` for
+        binary payloads) on every push from now on, as the queue's next version.
 
         The version must be compatible with the earlier ones under the queue's mode
         (BACKWARD unless set; ``compatibility`` sets it): otherwise

@@ -14,15 +14,19 @@ import redis.asyncio as aioredis
 
 from .errors import RedisCommandError
 from .keys import QueueKeys, dead_letter_name
+from .protobuf_schema import ProtobufSchema
 from .schema_compat import incompatibilities
 from .schemas import (
     Compatibility,
     Compiled,
     InvalidSchemaError,
     JsonSchema,
+    Schema,
     SchemaCompatibilityError,
     SchemaError,
     SchemaVersion,
+    from_stored,
+    to_stored,
 )
 
 if TYPE_CHECKING:
@@ -63,13 +67,15 @@ async def current(queue: QueueStore) -> SchemaVersion | None:
 
 
 async def set_schema(
-    queue: QueueStore, schema: JsonSchema, compatibility: Compatibility | None
+    queue: QueueStore, schema: Schema, compatibility: Compatibility | None
 ) -> SchemaVersion:
     """Add ``schema`` as the queue's next version (or return the current one if it is
     the same schema), after checking it against the earlier ones under the queue's mode
     (or ``compatibility``, which becomes the queue's mode)."""
-    if not isinstance(schema, JsonSchema):
-        raise InvalidSchemaError(f"a schema is a JsonSchema, not {type(schema).__name__}")
+    if not isinstance(schema, JsonSchema | ProtobufSchema):
+        raise InvalidSchemaError(
+            f"a schema is a JsonSchema or a ProtobufSchema, not {type(schema).__name__}"
+        )
     for _ in range(_CONFLICT_ATTEMPTS):
         number, mode, found = await versions(queue)
         mode = compatibility or mode
@@ -85,10 +91,7 @@ async def set_schema(
             against, breaks = broken[0]
             raise SchemaCompatibilityError(queue.name, mode, against, breaks)
         created = int(time.time() * 1000)
-        stored = json.dumps(
-            {"kind": schema.kind, "document": schema.document, "created_ms": created},
-            sort_keys=True,
-        )
+        stored = json.dumps({**to_stored(schema), "created_ms": created}, sort_keys=True)
         args = ["set", len(found), stored, "" if compatibility is None else str(compatibility)]
         try:
             version = int(await queue.script("schema", [queue.keys.info], args))
@@ -191,7 +194,7 @@ async def fitting_dead_letters(
 
 def _version(number: int, raw: Any) -> SchemaVersion:
     stored = json.loads(raw)
-    return SchemaVersion(number, JsonSchema(stored["document"]), int(stored["created_ms"]))
+    return SchemaVersion(number, from_stored(stored), int(stored["created_ms"]))
 
 
 def _text(value: Any) -> str:

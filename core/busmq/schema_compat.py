@@ -22,11 +22,13 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .protobuf_schema import ProtobufSchema, protobuf_breaks
 from .schemas import Compatibility, JsonSchema, SchemaVersion
 
 __all__ = ["breaks", "incompatibilities"]
 
-Schema = Mapping[str, Any] | bool
+Document = Mapping[str, Any] | bool
+Schema = JsonSchema | ProtobufSchema
 
 ANNOTATIONS = frozenset(
     {
@@ -46,7 +48,7 @@ MODELLED = frozenset(
 
 
 def incompatibilities(
-    mode: Compatibility, new: JsonSchema, earlier: Sequence[SchemaVersion]
+    mode: Compatibility, new: JsonSchema | ProtobufSchema, earlier: Sequence[SchemaVersion]
 ) -> list[tuple[int, list[str]]]:
     """For each earlier version the mode checks ``new`` against (the last one, or all of
     them for a transitive mode), the breaks found; empty when ``new`` may be set."""
@@ -57,16 +59,25 @@ def incompatibilities(
     for old in against:
         problems: list[str] = []
         if mode.backward:
-            problems += breaks(new.document, old.schema.document, new_reads=True)
+            problems += _breaks(new, old.schema, new_reads=True)
         if mode.forward:
-            problems += [p for p in breaks(old.schema.document, new.document, new_reads=False)
+            problems += [p for p in _breaks(old.schema, new, new_reads=False)
                          if p not in problems]  # fmt: skip
         if problems:
             found.append((old.version, problems))
     return found
 
 
-def breaks(reader: Schema, writer: Schema, *, new_reads: bool, where: str = "") -> list[str]:
+def _breaks(reader: Schema, writer: Schema, *, new_reads: bool) -> list[str]:
+    if isinstance(reader, ProtobufSchema) and isinstance(writer, ProtobufSchema):
+        return protobuf_breaks(reader, writer, new_reads=new_reads)
+    if isinstance(reader, JsonSchema) and isinstance(writer, JsonSchema):
+        return breaks(reader.document, writer.document, new_reads=new_reads)
+    old, new = (writer, reader) if new_reads else (reader, writer)
+    return [f"the kind changed from {old.kind} to {new.kind}"]
+
+
+def breaks(reader: Document, writer: Document, *, new_reads: bool, where: str = "") -> list[str]:
     """Why ``reader`` may refuse a message ``writer`` accepts (empty: it never does).
     ``new_reads`` says whether the reader is the new version (for naming old -> new)."""
     return _Walk(new_reads).compare(reader, writer, where)
@@ -79,7 +90,7 @@ class _Walk:
     def old_new(self, reader: object, writer: object) -> tuple[object, object]:
         return (writer, reader) if self.new_reads else (reader, writer)
 
-    def compare(self, reader: Schema, writer: Schema, where: str) -> list[str]:
+    def compare(self, reader: Document, writer: Document, where: str) -> list[str]:
         name = f"field `{where}`" if where else "the message"
         if writer is False or reader is True or reader == writer:
             return []
@@ -166,8 +177,8 @@ class _Walk:
     ) -> list[str]:
         r_props: Mapping[str, Any] = reader.get("properties", {})
         w_props: Mapping[str, Any] = writer.get("properties", {})
-        r_more: Schema = reader.get("additionalProperties", True)
-        w_more: Schema = writer.get("additionalProperties", True)
+        r_more: Document = reader.get("additionalProperties", True)
+        w_more: Document = writer.get("additionalProperties", True)
         found = []
         prefix = f"{where}." if where else ""
         required = set(reader.get("required", ())) - set(writer.get("required", ()))
@@ -222,7 +233,7 @@ def _enum(schema: Mapping[str, Any]) -> list[Any] | None:
     return None if values is None else list(values)
 
 
-def _accepts_anything(schema: Schema) -> bool:
+def _accepts_anything(schema: Document) -> bool:
     return schema is True or schema == {}
 
 

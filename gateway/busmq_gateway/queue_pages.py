@@ -24,6 +24,7 @@ from busmq import Bus, InvalidNameError, Queue, QueueNotFoundError, RateLimit, q
 from busmq.cli.records import to_record
 from busmq.inventory import browse_pages
 from busmq.keys import dead_letter_name, validate_name
+from busmq.schemas import describe
 
 from .access import ANONYMOUS, Access
 from .history import History
@@ -218,5 +219,5 @@ async def _schema(queue: Queue) -> dict[str, Any] | None:
         "version": enforced.version,
         "versions": len(versions),
         "compatibility": str(mode),
-        "document": enforced.schema.document,
+        "document": describe(enforced.schema),
     }

@@ -10,8 +10,9 @@ from typing import Any
 import grpc
 from google.protobuf import timestamp_pb2
 
-from busmq import Bus, InvalidSchemaError, JsonSchema, SchemaVersion
+from busmq import Bus, InvalidSchemaError, JsonSchema, ProtobufSchema, SchemaVersion
 from busmq import queue_schema as core_schema
+from busmq.schemas import Schema
 from busmq.v1 import queue_service_pb2 as pb
 from busmq.wire import COMPATIBILITY_FROM_PROTO, COMPATIBILITY_TO_PROTO
 
@@ -22,11 +23,25 @@ from .errors import unary
 def version_proto(version: SchemaVersion) -> pb.SchemaVersion:
     created = timestamp_pb2.Timestamp()
     created.FromMilliseconds(version.created_ms)
-    return pb.SchemaVersion(
-        version=version.version,
-        json_schema=json.dumps(version.schema.document),
-        create_time=created,
-    )
+    found = pb.SchemaVersion(version=version.version, create_time=created)
+    schema = version.schema
+    if isinstance(schema, ProtobufSchema):
+        found.protobuf.descriptor_set = schema.descriptor_set
+        found.protobuf.message = schema.message
+        found.protobuf.allow_unknown = schema.allow_unknown
+    else:
+        found.json_schema = json.dumps(schema.document)
+    return found
+
+
+def parse_request(request: pb.SetQueueSchemaRequest) -> Schema:
+    """The schema a SetQueueSchema names: its JSON Schema or its protobuf type."""
+    if request.HasField("protobuf"):
+        if request.json_schema:
+            raise InvalidSchemaError("give json_schema or protobuf, not both")
+        proto = request.protobuf
+        return ProtobufSchema(bytes(proto.descriptor_set), proto.message, proto.allow_unknown)
+    return parse_schema(request.json_schema)
 
 
 def parse_schema(text: str) -> JsonSchema:
@@ -50,7 +65,7 @@ class QueueSchemas:
     ) -> pb.SetQueueSchemaResponse:
         queue = self._bus.queue(request.queue)
         mode = COMPATIBILITY_FROM_PROTO.get(request.compatibility)
-        version = await queue.set_schema(parse_schema(request.json_schema), compatibility=mode)
+        version = await queue.set_schema(parse_request(request), compatibility=mode)
         return pb.SetQueueSchemaResponse(version=version_proto(version))
 
     @unary

@@ -356,6 +356,27 @@ async def test_schema_commands(redis_server: RedisServer, make_bus: Callable[...
     await schema_commands(urls=urls)
 
 
+async def test_schema_set_takes_a_protobuf_type(
+    redis_server: RedisServer, tmp_path: Path, make_bus: Callable[..., Any]
+) -> None:
+    from tests.core.test_protobuf_schema import BASE
+
+    urls = [redis_server.url]
+    await (await make_bus(urls)).queue("typed").attach(ttl=120)
+    descriptor = tmp_path / "order.binpb"
+    descriptor.write_bytes(BASE)
+    made = await busmq(
+        "schema", "typed", "set", str(descriptor), "--protobuf", "shop.Order", urls=urls
+    )
+    assert made.code == 0, made.err
+    got = await busmq("schema", "typed", "get", urls=urls)
+    assert json.loads(got.out) == {"protobuf": "shop.Order", "allow_unknown": False}
+    wrong = await busmq(
+        "schema", "typed", "set", str(descriptor), "--protobuf", "shop.X", urls=urls
+    )
+    assert wrong.code == 4 and "no message 'shop.X'" in wrong.err
+
+
 async def test_schema_commands_through_a_gateway(
     redis_server: RedisServer, tmp_path: Path, make_bus: Callable[..., Any]
 ) -> None:

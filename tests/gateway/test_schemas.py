@@ -148,3 +148,43 @@ async def test_a_grpcurl_push_that_does_not_fit_names_the_field(gateway: Gateway
     code, out = await _run(grpcurl, *auth, "-d", body, gateway.target, "busmq.v1.QueueService/Push")
     assert code != 0
     assert "InvalidArgument" in out and "messages[0]" in out and "required" in out, out
+
+
+async def test_a_protobuf_type_is_set_and_enforced_through_the_gateway(
+    gateway: GatewayUnderTest,
+) -> None:
+    from tests.core.test_protobuf_schema import BASE, order_class
+
+    await attach(gateway, "gw-proto")
+    schema = pb.ProtobufSchema(descriptor_set=BASE, message="shop.Order")
+    made = await gateway.queues.SetQueueSchema(
+        pb.SetQueueSchemaRequest(queue="gw-proto", protobuf=schema), metadata=AUTH
+    )
+    assert made.version.protobuf.message == "shop.Order" and not made.version.json_schema
+    got = await gateway.queues.GetQueueSchema(
+        pb.GetQueueSchemaRequest(queue="gw-proto"), metadata=AUTH
+    )
+    assert got.versions[0].protobuf.descriptor_set == BASE
+    good = order_class(BASE)(id="o-1", qty=1).SerializeToString()
+    raw = types_pb2.PAYLOAD_KIND_BYTES
+    messages = [
+        types_pb2.OutgoingMessage(payload=good, kind=raw),
+        types_pb2.OutgoingMessage(payload=b"\xff\xff", kind=raw),
+    ]
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await gateway.queues.Push(
+            pb.PushRequest(queue="gw-proto", messages=messages), metadata=AUTH
+        )
+    assert error_info(refused.value).reason == "SCHEMA"
+    assert violations(refused.value) == [("messages[1]", "protobuf")]
+    await gateway.queues.Push(
+        pb.PushRequest(queue="gw-proto", messages=messages[:1]), metadata=AUTH
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as malformed:
+        await gateway.queues.SetQueueSchema(
+            pb.SetQueueSchemaRequest(
+                queue="gw-proto", protobuf=pb.ProtobufSchema(descriptor_set=BASE, message="shop.X")
+            ),
+            metadata=AUTH,
+        )
+    assert error_info(malformed.value).reason == "INVALID_SCHEMA"

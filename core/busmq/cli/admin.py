@@ -17,7 +17,7 @@ from ..inventory import QueueStats
 from ..keys import dead_letter_name
 from ..message import EncodedMessage, Message
 from ..queue import Queue
-from ..schemas import Compatibility, JsonSchema, SchemaVersion, Violation
+from ..schemas import Compatibility, Schema, SchemaVersion, Violation
 from ..settings import BusSettings
 
 
@@ -54,7 +54,7 @@ class Admin(Protocol):
         ...
 
     async def set_schema(
-        self, name: str, document: Any, compatibility: Compatibility | None
+        self, name: str, schema: Schema, compatibility: Compatibility | None
     ) -> SchemaVersion: ...
 
     async def remove_schema(self, name: str) -> None: ...
@@ -175,11 +175,9 @@ class LocalAdmin:
         return SchemaState(current, mode, versions)
 
     async def set_schema(
-        self, name: str, document: Any, compatibility: Compatibility | None
+        self, name: str, schema: Schema, compatibility: Compatibility | None
     ) -> SchemaVersion:
-        return await self.bus.queue(name).set_schema(
-            JsonSchema(document), compatibility=compatibility
-        )
+        return await self.bus.queue(name).set_schema(schema, compatibility=compatibility)
 
     async def remove_schema(self, name: str) -> None:
         await self.bus.queue(name).remove_schema()

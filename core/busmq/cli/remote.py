@@ -15,11 +15,13 @@ from ..controls import RateLimit
 from ..errors import QueueNotFoundError
 from ..federation.convert import message_from_proto, outgoing, seconds
 from ..federation.errors import from_rpc_error
+from ..federation.remote_schema import schema_of
 from ..federation.settings import grpc_address, normalize_url
 from ..inventory import QueueStats
 from ..keys import dead_letter_name
 from ..message import EncodedMessage, Message
-from ..schemas import Compatibility, JsonSchema, SchemaVersion, Violation
+from ..protobuf_schema import ProtobufSchema
+from ..schemas import Compatibility, Schema, SchemaVersion, Violation
 from ..v1 import queue_service_pb2 as pb
 from ..v1 import queue_service_pb2_grpc
 from ..wire import COMPATIBILITY_FROM_PROTO, COMPATIBILITY_TO_PROTO
@@ -146,17 +148,21 @@ class GatewayAdmin:
         return SchemaState(response.current_version or None, mode, versions)
 
     async def set_schema(
-        self, name: str, document: Any, compatibility: Compatibility | None
+        self, name: str, schema: Schema, compatibility: Compatibility | None
     ) -> SchemaVersion:
         request = pb.SetQueueSchemaRequest(
             queue=name,
-            json_schema=json.dumps(document),
+            json_schema="" if isinstance(schema, ProtobufSchema) else json.dumps(schema.document),
             compatibility=(
                 pb.SCHEMA_COMPATIBILITY_UNSPECIFIED
                 if compatibility is None
                 else COMPATIBILITY_TO_PROTO[compatibility]
             ),
         )
+        if isinstance(schema, ProtobufSchema):
+            request.protobuf.descriptor_set = schema.descriptor_set
+            request.protobuf.message = schema.message
+            request.protobuf.allow_unknown = schema.allow_unknown
         return _version((await self._call("SetQueueSchema", request, name)).version)
 
     async def remove_schema(self, name: str) -> None:
@@ -208,8 +214,7 @@ def _stats(summary: pb.QueueSummary) -> QueueStats:
 
 
 def _version(proto: pb.SchemaVersion) -> SchemaVersion:
-    created = proto.create_time.ToMilliseconds()
-    return SchemaVersion(proto.version, JsonSchema(json.loads(proto.json_schema)), created)
+    return SchemaVersion(proto.version, schema_of(proto), proto.create_time.ToMilliseconds())
 
 
 def _limit(proto: pb.RateLimit) -> RateLimit:

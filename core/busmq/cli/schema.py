@@ -11,7 +11,8 @@ from typing import Any
 
 from ..errors import InvalidMessageError
 from ..message import EncodedMessage, PayloadKind
-from ..schemas import Compatibility, SchemaError, SchemaVersion
+from ..protobuf_schema import ProtobufSchema
+from ..schemas import Compatibility, JsonSchema, Schema, SchemaError, SchemaVersion, describe
 from .admin import Admin
 from .output import Output
 
@@ -29,6 +30,17 @@ def add_parser(sub: Any) -> None:
         help="set: the JSON Schema; check: one JSON message per line (- for stdin)",
     )
     schema.add_argument(
+        "--protobuf",
+        metavar="MESSAGE",
+        help="set: FILE is a FileDescriptorSet (protoc --include_imports "
+        "--descriptor_set_out), the schema this message type of it",
+    )
+    schema.add_argument(
+        "--allow-unknown",
+        action="store_true",
+        help="set --protobuf: accept fields the type does not define",
+    )
+    schema.add_argument(
         "--compatibility",
         choices=[mode.value for mode in Compatibility],
         help="set: the queue's compatibility mode from now on",
@@ -42,22 +54,34 @@ def _read(name: str) -> str:
         return handle.read()
 
 
+def _schema(args: argparse.Namespace) -> Schema:
+    """The schema ``set`` names: FILE's JSON Schema, or with ``--protobuf MESSAGE`` the
+    message type in FILE, a serialized FileDescriptorSet."""
+    if args.protobuf:
+        if args.file == "-":
+            data = sys.stdin.buffer.read()
+        else:
+            with open(args.file, "rb") as handle:
+                data = handle.read()
+        return ProtobufSchema(data, args.protobuf, args.allow_unknown)
+    try:
+        return JsonSchema(json.loads(_read(args.file)))
+    except ValueError as exc:
+        raise InvalidMessageError(f"{args.file}: not JSON: {exc}") from None
+
+
 def _version_json(version: SchemaVersion) -> dict[str, Any]:
     return {
         "version": version.version,
         "created": datetime.fromtimestamp(version.created_ms / 1000, UTC).isoformat(),
-        "schema": version.schema.document,
+        "schema": describe(version.schema),
     }
 
 
 async def schema(admin: Admin, out: Output, args: argparse.Namespace) -> int:
     if args.action == "set":
-        try:
-            document = json.loads(_read(args.file))
-        except ValueError as exc:
-            raise InvalidMessageError(f"{args.file}: not JSON: {exc}") from None
         mode = None if args.compatibility is None else Compatibility(args.compatibility)
-        version = await admin.set_schema(args.queue, document, mode)
+        version = await admin.set_schema(args.queue, _schema(args), mode)
         if out.as_json:
             out.json(_version_json(version))
         else:
@@ -76,7 +100,7 @@ async def schema(admin: Admin, out: Output, args: argparse.Namespace) -> int:
             out.note(f"queue {args.queue} has no schema")
             return 0
         # The document alone, as a file to edit and set again; --json: with its version.
-        out.json(_version_json(current) if out.as_json else current.schema.document)
+        out.json(_version_json(current) if out.as_json else describe(current.schema))
         return 0
     if out.as_json:
         out.json(

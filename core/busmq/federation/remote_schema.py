@@ -11,7 +11,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from ..errors import BusError
-from ..schemas import Compiled, JsonSchema, SchemaError
+from ..protobuf_schema import ProtobufSchema
+from ..schemas import Compiled, JsonSchema, Schema, SchemaError
 from ..v1 import queue_service_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -38,8 +39,7 @@ class RemoteSchema:
         if current is None:
             self.compiled = None
         elif self.compiled is None or self.compiled.version != current.version:
-            schema = JsonSchema(json.loads(current.json_schema))
-            self.compiled = Compiled(current.version, schema)
+            self.compiled = Compiled(current.version, schema_of(current))
 
     def check(self, payloads: Sequence[bytes]) -> None:
         """:class:`SchemaError` if a payload does not fit the cached version."""
@@ -49,3 +49,11 @@ class RemoteSchema:
         violations = compiled.violations(payloads)
         if violations:
             raise SchemaError(self.queue, compiled.version, violations)
+
+
+def schema_of(version: pb.SchemaVersion) -> Schema:
+    """The schema a ``SchemaVersion`` carries: its protobuf type, or its JSON Schema."""
+    if version.HasField("protobuf"):
+        proto = version.protobuf
+        return ProtobufSchema(bytes(proto.descriptor_set), proto.message, proto.allow_unknown)
+    return JsonSchema(json.loads(version.json_schema))

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..cluster import sync_cluster_client
 from ..keys import QueueKeys, validate_name
 from ..message import F_HEADERS, F_KIND, F_PAYLOAD, F_TIME, PayloadKind
-from ..schemas import Compiled, JsonSchema, SchemaError
+from ..schemas import Compiled, SchemaError, from_stored
 from ..scripts import script_source
 from ..sentinel import sync_master_client
 from ..settings import mask_url
@@ -436,7 +436,7 @@ def _checked(c: redis.Redis, name: str, version: Any, flat: list[bytes | str]) -
     compiled = _compiled.get((name, number))
     if compiled is None:
         stored = json.loads(c.hget(QueueKeys(name).info, f"sch:{number}") or "{}")
-        compiled = Compiled(number, JsonSchema(stored["document"]))
+        compiled = Compiled(number, from_stored(stored))
         _compiled[(name, number)] = compiled
     payloads = [p if isinstance(p, bytes) else p.encode() for p in flat[::3]]
     violations = compiled.violations(payloads)

@@ -33,24 +33,38 @@ SCHEMA_COMPATIBILITY_FULL_TRANSITIVE: SchemaCompatibility
 SCHEMA_COMPATIBILITY_NONE: SchemaCompatibility
 
 class SchemaVersion(_message.Message):
-    __slots__ = ("version", "json_schema", "create_time")
+    __slots__ = ("version", "json_schema", "create_time", "protobuf")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    PROTOBUF_FIELD_NUMBER: _ClassVar[int]
     version: int
     json_schema: str
     create_time: _timestamp_pb2.Timestamp
-    def __init__(self, version: _Optional[int] = ..., json_schema: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    protobuf: ProtobufSchema
+    def __init__(self, version: _Optional[int] = ..., json_schema: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., protobuf: _Optional[_Union[ProtobufSchema, _Mapping]] = ...) -> None: ...
+
+class ProtobufSchema(_message.Message):
+    __slots__ = ("descriptor_set", "message", "allow_unknown")
+    DESCRIPTOR_SET_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_UNKNOWN_FIELD_NUMBER: _ClassVar[int]
+    descriptor_set: bytes
+    message: str
+    allow_unknown: bool
+    def __init__(self, descriptor_set: _Optional[bytes] = ..., message: _Optional[str] = ..., allow_unknown: _Optional[bool] = ...) -> None: ...
 
 class SetQueueSchemaRequest(_message.Message):
-    __slots__ = ("queue", "json_schema", "compatibility")
+    __slots__ = ("queue", "json_schema", "compatibility", "protobuf")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
     COMPATIBILITY_FIELD_NUMBER: _ClassVar[int]
+    PROTOBUF_FIELD_NUMBER: _ClassVar[int]
     queue: str
     json_schema: str
     compatibility: SchemaCompatibility
-    def __init__(self, queue: _Optional[str] = ..., json_schema: _Optional[str] = ..., compatibility: _Optional[_Union[SchemaCompatibility, str]] = ...) -> None: ...
+    protobuf: ProtobufSchema
+    def __init__(self, queue: _Optional[str] = ..., json_schema: _Optional[str] = ..., compatibility: _Optional[_Union[SchemaCompatibility, str]] = ..., protobuf: _Optional[_Union[ProtobufSchema, _Mapping]] = ...) -> None: ...
 
 class SetQueueSchemaResponse(_message.Message):
     __slots__ = ("version",)

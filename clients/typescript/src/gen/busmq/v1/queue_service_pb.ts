@@ -16,7 +16,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file busmq/v1/queue_service.proto.
  */
 export const file_busmq_v1_queue_service: GenFile = /*@__PURE__*/
-  fileDesc("ChxidXNtcS92MS9xdWV1ZV9zZXJ2aWNlLnByb3RvEghidXNtcS52MSJmCg1TY2hlbWFWZXJzaW9uEg8KB3ZlcnNpb24YASABKA0SEwoLanNvbl9zY2hlbWEYAiABKAkSLwoLY3JlYXRlX3RpbWUYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wInEKFVNldFF1ZXVlU2NoZW1hUmVxdWVzdBINCgVxdWV1ZRgBIAEoCRITCgtqc29uX3NjaGVtYRgCIAEoCRI0Cg1jb21wYXRpYmlsaXR5GAMgASgOMh0uYnVzbXEudjEuU2NoZW1hQ29tcGF0aWJpbGl0eSJCChZTZXRRdWV1ZVNjaGVtYVJlc3BvbnNlEigKB3ZlcnNpb24YASABKAsyFy5idXNtcS52MS5TY2hlbWFWZXJzaW9uIiYKFUdldFF1ZXVlU2NoZW1hUmVxdWVzdBINCgVxdWV1ZRgBIAEoCSKSAQoWR2V0UXVldWVTY2hlbWFSZXNwb25zZRIXCg9jdXJyZW50X3ZlcnNpb24YASABKA0SNAoNY29tcGF0aWJpbGl0eRgCIAEoDjIdLmJ1c21xLnYxLlNjaGVtYUNvbXBhdGliaWxpdHkSKQoIdmVyc2lvbnMYAyADKAsyFy5idXNtcS52MS5TY2hlbWFWZXJzaW9uIikKGFJlbW92ZVF1ZXVlU2NoZW1hUmVxdWVzdBINCgVxdWV1ZRgBIAEoCSIbChlSZW1vdmVRdWV1ZVNjaGVtYVJlc3BvbnNlIlUKF0NoZWNrUXVldWVTY2hlbWFSZXF1ZXN0Eg0KBXF1ZXVlGAEgASgJEisKCG1lc3NhZ2VzGAIgAygLMhkuYnVzbXEudjEuT3V0Z29pbmdNZXNzYWdlIloKGENoZWNrUXVldWVTY2hlbWFSZXNwb25zZRIPCgd2ZXJzaW9uGAEgASgNEi0KCnZpb2xhdGlvbnMYAiADKAsyGS5idXNtcS52MS5TY2hlbWFWaW9sYXRpb24iUAoPU2NoZW1hVmlvbGF0aW9uEg0KBWluZGV4GAEgASgNEg8KB3BvaW50ZXIYAiABKAkSDAoEcnVsZRgDIAEoCRIPCgdtZXNzYWdlGAQgASgJIrwBChJBdHRhY2hRdWV1ZVJlcXVlc3QSDQoFcXVldWUYASABKAkSJgoDdHRsGAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhIKCm1heF9sZW5ndGgYAyABKAQSKgoHbWF4X2FnZRgEIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhITCgttYXhfYmFja2xvZxgFIAEoBBIaChJyZW1vdmVfbWF4X2JhY2tsb2cYBiABKAgicAoTQXR0YWNoUXVldWVSZXNwb25zZRIVCg1hdHRhY2htZW50X2lkGAEgASgJEg8KB2NyZWF0ZWQYAiABKAgSMQoObGVhc2VfZHVyYXRpb24YAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iLwoWUmVuZXdBdHRhY2htZW50UmVxdWVzdBIVCg1hdHRhY2htZW50X2lkGAEgASgJIhkKF1JlbmV3QXR0YWNobWVudFJlc3BvbnNlIisKEkRldGFjaFF1ZXVlUmVxdWVzdBIVCg1hdHRhY2htZW50X2lkGAEgASgJIhUKE0RldGFjaFF1ZXVlUmVzcG9uc2Ui6AIKC1B1c2hSZXF1ZXN0Eg0KBXF1ZXVlGAEgASgJEisKCG1lc3NhZ2VzGAIgAygLMhkuYnVzbXEudjEuT3V0Z29pbmdNZXNzYWdlEhIKCnJlcXVlc3RfaWQYAyABKAkSEgoKZHVyYWJpbGl0eRgEIAEoCRIoCgVkZWxheRgFIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIuCgpkZWxpdmVyX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBImCgN0dGwYByABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SLgoKZXhwaXJlc19hdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEAoIcHJvZHVjZXIYCSABKAkSFgoOcHJvZHVjZXJfZXBvY2gYCiABKAQSGQoRcHJvZHVjZXJfc2VxdWVuY2UYCyABKAQiLgoMUHVzaFJlc3BvbnNlEgsKA2lkcxgBIAMoBBIRCglkdXBsaWNhdGUYAiABKAgiVwoPUHVzaE1hbnlSZXF1ZXN0EiUKBnB1c2hlcxgBIAMoCzIVLmJ1c21xLnYxLlB1c2hSZXF1ZXN0Eh0KFXN0b3BfcXVldWVfYXRfZmFpbHVyZRgCIAEoCCI7ChBQdXNoTWFueVJlc3BvbnNlEicKCG91dGNvbWVzGAEgAygLMhUuYnVzbXEudjEuUHVzaE91dGNvbWUiZwoLUHVzaE91dGNvbWUSKAoGcmVzdWx0GAEgASgLMhYuYnVzbXEudjEuUHVzaFJlc3BvbnNlSAASIwoFZXJyb3IYAiABKAsyEi5nb29nbGUucnBjLlN0YXR1c0gAQgkKB291dGNvbWUiSgoRUHVzaFN0cmVhbVJlcXVlc3QSEAoIc2VxdWVuY2UYASABKAQSIwoEcHVzaBgCIAEoCzIVLmJ1c21xLnYxLlB1c2hSZXF1ZXN0IkMKElB1c2hTdHJlYW1SZXNwb25zZRItCghvdXRjb21lcxgBIAMoCzIbLmJ1c21xLnYxLlB1c2hTdHJlYW1PdXRjb21lIn8KEVB1c2hTdHJlYW1PdXRjb21lEhAKCHNlcXVlbmNlGAEgASgEEigKBnJlc3VsdBgCIAEoCzIWLmJ1c21xLnYxLlB1c2hSZXNwb25zZUgAEiMKBWVycm9yGAMgASgLMhIuZ29vZ2xlLnJwYy5TdGF0dXNIAEIJCgdvdXRjb21lIpQCCg5Db25zdW1lUmVxdWVzdBINCgVxdWV1ZRgBIAEoCRIjCgRtb2RlGAIgASgOMhUuYnVzbXEudjEuQ29uc3VtZU1vZGUSDwoHZnJvbV9pZBgDIAEoBBITCgtmcm9tX2xhdGVzdBgEIAEoCBILCgNtYXgYBSABKAQSEAoIcHJlZmV0Y2gYBiABKA0SNQoSdmlzaWJpbGl0eV90aW1lb3V0GAcgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg0KBWJhdGNoGAggASgIEhYKDm1heF9kZWxpdmVyaWVzGAkgASgNEisKDHJldHJ5X3BvbGljeRgKIAEoCzIVLmJ1c21xLnYxLlJldHJ5UG9saWN5IocBCgtSZXRyeVBvbGljeRIqCgdpbml0aWFsGAEgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg4KBmZhY3RvchgCIAEoARIsCgltYXhfZGVsYXkYAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SDgoGaml0dGVyGAQgASgBIk8KCVJhdGVMaW1pdBINCgVsaW1pdBgBIAEoDRImCgNwZXIYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SCwoDa2V5GAMgASgJIuoBCg9Db25zdW1lUmVzcG9uc2USKwoHc3RhcnRlZBgBIAEoCzIYLmJ1c21xLnYxLkNvbnN1bWVTdGFydGVkSAASJgoIZGVsaXZlcnkYAiABKAsyEi5idXNtcS52MS5EZWxpdmVyeUgAEigKCWhlYXJ0YmVhdBgDIAEoCzITLmJ1c21xLnYxLkhlYXJ0YmVhdEgAEiUKBXN0YXRlGAQgASgLMhQuYnVzbXEudjEuU3RhdGVFdmVudEgAEigKBWJhdGNoGAUgASgLMhcuYnVzbXEudjEuRGVsaXZlcnlCYXRjaEgAQgcKBWV2ZW50IjcKDURlbGl2ZXJ5QmF0Y2gSJgoKZGVsaXZlcmllcxgBIAMoCzISLmJ1c21xLnYxLkRlbGl2ZXJ5IiUKDkNvbnN1bWVTdGFydGVkEhMKC2NvbnN1bWVyX2lkGAEgASgJIk8KCkFja1JlcXVlc3QSDQoFcXVldWUYASABKAkSCwoDaWRzGAIgAygEEhAKCHVwX3RvX2lkGAMgASgEEhMKC2NvbnN1bWVyX2lkGAQgASgJIjEKC0Fja1Jlc3BvbnNlEg0KBWFja2VkGAEgASgEEhMKC3Vua25vd25faWRzGAIgAygEIncKC05hY2tSZXF1ZXN0Eg0KBXF1ZXVlGAEgASgJEhMKC2NvbnN1bWVyX2lkGAIgASgJEgsKA2lkcxgDIAMoBBIoCgVkZWxheRgEIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhINCgVlcnJvchgFIAEoCSIjCgxOYWNrUmVzcG9uc2USEwoLdW5rbm93bl9pZHMYASADKAQiUAoNUmVqZWN0UmVxdWVzdBINCgVxdWV1ZRgBIAEoCRITCgtjb25zdW1lcl9pZBgCIAEoCRILCgNpZHMYAyADKAQSDgoGcmVhc29uGAQgASgJIiUKDlJlamVjdFJlc3BvbnNlEhMKC3Vua25vd25faWRzGAEgAygEIj8KElJlcXVldWVEZWFkUmVxdWVzdBINCgVxdWV1ZRgBIAEoCRILCgNpZHMYAiADKAQSDQoFbGltaXQYAyABKAQiIgoTUmVxdWV1ZURlYWRSZXNwb25zZRILCgNpZHMYASADKAQimAIKGlVwZGF0ZVF1ZXVlQ29udHJvbHNSZXF1ZXN0Eg0KBXF1ZXVlGAEgASgJEhMKBnBhdXNlZBgCIAEoCEgAiAEBEicKCnJhdGVfbGltaXQYAyABKAsyEy5idXNtcS52MS5SYXRlTGltaXQSGgoScmVtb3ZlX3JhdGVfbGltaXRzGAQgASgIEhsKDm1heF9kZWxpdmVyaWVzGAUgASgNSAGIAQESGQoMZHJvcF9leHBpcmVkGAYgASgISAKIAQESGQoMb3JkZXJpbmdfa2V5GAcgASgJSAOIAQFCCQoHX3BhdXNlZEIRCg9fbWF4X2RlbGl2ZXJpZXNCDwoNX2Ryb3BfZXhwaXJlZEIPCg1fb3JkZXJpbmdfa2V5Ih0KG1VwZGF0ZVF1ZXVlQ29udHJvbHNSZXNwb25zZSIgCg9HZXRRdWV1ZVJlcXVlc3QSDQoFcXVldWUYASABKAkitwQKEEdldFF1ZXVlUmVzcG9uc2USDQoFcXVldWUYASABKAkSDQoFY291bnQYAiABKAQSJgoDdHRsGAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg8KB2xhc3RfaWQYBCABKAQSOgoIbWV0YWRhdGEYBSADKAsyKC5idXNtcS52MS5HZXRRdWV1ZVJlc3BvbnNlLk1ldGFkYXRhRW50cnkSDwoHcGVuZGluZxgGIAEoBBIPCgdkZWxheWVkGAcgASgEEhQKDGRlYWRfbGV0dGVycxgIIAEoBBIOCgZwYXVzZWQYCSABKAgSJwoKcmF0ZV9saW1pdBgKIAEoCzITLmJ1c21xLnYxLlJhdGVMaW1pdBIrCg5rZXlfcmF0ZV9saW1pdBgLIAEoCzITLmJ1c21xLnYxLlJhdGVMaW1pdBIWCg5tYXhfZGVsaXZlcmllcxgMIAEoDRIUCgxkcm9wX2V4cGlyZWQYDSABKAgSDAoEbW9kZRgOIAEoCRIUCgxvcmRlcmluZ19rZXkYDyABKAkSHgoWb3JkZXJlZF9rZXlzX2luX2ZsaWdodBgQIAEoBBIXCg9vcmRlcmVkX3dhaXRpbmcYESABKAQSNgoTb2xkZXN0X29yZGVyZWRfd2FpdBgSIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhovCg1NZXRhZGF0YUVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiogEKGlVwZGF0ZVF1ZXVlTWV0YWRhdGFSZXF1ZXN0Eg0KBXF1ZXVlGAEgASgJEkQKCG1ldGFkYXRhGAIgAygLMjIuYnVzbXEudjEuVXBkYXRlUXVldWVNZXRhZGF0YVJlcXVlc3QuTWV0YWRhdGFFbnRyeRovCg1NZXRhZGF0YUVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiHQobVXBkYXRlUXVldWVNZXRhZGF0YVJlc3BvbnNlIiIKEUZsdXNoUXVldWVSZXF1ZXN0Eg0KBXF1ZXVlGAEgASgJIhQKEkZsdXNoUXVldWVSZXNwb25zZSIiChFDbG9zZVF1ZXVlUmVxdWVzdBINCgVxdWV1ZRgBIAEoCSIUChJDbG9zZVF1ZXVlUmVzcG9uc2UiSgoRTGlzdFF1ZXVlc1JlcXVlc3QSDgoGcHJlZml4GAEgASgJEhEKCXBhZ2Vfc2l6ZRgCIAEoDRISCgpwYWdlX3Rva2VuGAMgASgJImQKEkxpc3RRdWV1ZXNSZXNwb25zZRImCgZxdWV1ZXMYASADKAsyFi5idXNtcS52MS5RdWV1ZVN1bW1hcnkSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJEg0KBXRvdGFsGAMgASgEIuwDCgxRdWV1ZVN1bW1hcnkSDQoFcXVldWUYASABKAkSDQoFc2hhcmQYAiABKAkSDQoFY291bnQYAyABKAQSDQoFcmVhZHkYBCABKAQSDwoHcGVuZGluZxgFIAEoBBIxCg5vbGRlc3RfcGVuZGluZxgGIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIRCgljb25zdW1lcnMYByABKA0SEwoLYXR0YWNobWVudHMYCCABKA0SDwoHZGVsYXllZBgJIAEoBBIUCgxkZWFkX2xldHRlcnMYCiABKAQSDwoHbGFzdF9pZBgLIAEoBBIRCglkZWxpdmVyZWQYDCABKAQSDAoEbW9kZRgNIAEoCRIOCgZwYXVzZWQYDiABKAgSJgoDdHRsGA8gASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEicKCnJhdGVfbGltaXQYECABKAsyEy5idXNtcS52MS5SYXRlTGltaXQSKwoOa2V5X3JhdGVfbGltaXQYESABKAsyEy5idXNtcS52MS5SYXRlTGltaXQSFAoMb3JkZXJpbmdfa2V5GBIgASgJEh4KFm9yZGVyZWRfa2V5c19pbl9mbGlnaHQYEyABKAQSFwoPb3JkZXJlZF93YWl0aW5nGBQgASgEIlMKEkJyb3dzZVF1ZXVlUmVxdWVzdBINCgVxdWV1ZRgBIAEoCRIPCgdmcm9tX2lkGAIgASgEEg0KBXRvX2lkGAMgASgEEg4KBmZvbGxvdxgEIAEoCCKbAQoTQnJvd3NlUXVldWVSZXNwb25zZRIqCghtZXNzYWdlcxgBIAEoCzIWLmJ1c21xLnYxLk1lc3NhZ2VCYXRjaEgAEigKCWhlYXJ0YmVhdBgCIAEoCzITLmJ1c21xLnYxLkhlYXJ0YmVhdEgAEiUKBXN0YXRlGAMgASgLMhQuYnVzbXEudjEuU3RhdGVFdmVudEgAQgcKBWV2ZW50IjMKDE1lc3NhZ2VCYXRjaBIjCghtZXNzYWdlcxgBIAMoCzIRLmJ1c21xLnYxLk1lc3NhZ2UqwwIKE1NjaGVtYUNvbXBhdGliaWxpdHkSJAogU0NIRU1BX0NPTVBBVElCSUxJVFlfVU5TUEVDSUZJRUQQABIhCh1TQ0hFTUFfQ09NUEFUSUJJTElUWV9CQUNLV0FSRBABEiwKKFNDSEVNQV9DT01QQVRJQklMSVRZX0JBQ0tXQVJEX1RSQU5TSVRJVkUQAhIgChxTQ0hFTUFfQ09NUEFUSUJJTElUWV9GT1JXQVJEEAMSKwonU0NIRU1BX0NPTVBBVElCSUxJVFlfRk9SV0FSRF9UUkFOU0lUSVZFEAQSHQoZU0NIRU1BX0NPTVBBVElCSUxJVFlfRlVMTBAFEigKJFNDSEVNQV9DT01QQVRJQklMSVRZX0ZVTExfVFJBTlNJVElWRRAGEh0KGVNDSEVNQV9DT01QQVRJQklMSVRZX05PTkUQBzKSDQoMUXVldWVTZXJ2aWNlEkoKC0F0dGFjaFF1ZXVlEhwuYnVzbXEudjEuQXR0YWNoUXVldWVSZXF1ZXN0Gh0uYnVzbXEudjEuQXR0YWNoUXVldWVSZXNwb25zZRJWCg9SZW5ld0F0dGFjaG1lbnQSIC5idXNtcS52MS5SZW5ld0F0dGFjaG1lbnRSZXF1ZXN0GiEuYnVzbXEudjEuUmVuZXdBdHRhY2htZW50UmVzcG9uc2USSgoLRGV0YWNoUXVldWUSHC5idXNtcS52MS5EZXRhY2hRdWV1ZVJlcXVlc3QaHS5idXNtcS52MS5EZXRhY2hRdWV1ZVJlc3BvbnNlEjUKBFB1c2gSFS5idXNtcS52MS5QdXNoUmVxdWVzdBoWLmJ1c21xLnYxLlB1c2hSZXNwb25zZRJBCghQdXNoTWFueRIZLmJ1c21xLnYxLlB1c2hNYW55UmVxdWVzdBoaLmJ1c21xLnYxLlB1c2hNYW55UmVzcG9uc2USSwoKUHVzaFN0cmVhbRIbLmJ1c21xLnYxLlB1c2hTdHJlYW1SZXF1ZXN0GhwuYnVzbXEudjEuUHVzaFN0cmVhbVJlc3BvbnNlKAEwARJACgdDb25zdW1lEhguYnVzbXEudjEuQ29uc3VtZVJlcXVlc3QaGS5idXNtcS52MS5Db25zdW1lUmVzcG9uc2UwARIyCgNBY2sSFC5idXNtcS52MS5BY2tSZXF1ZXN0GhUuYnVzbXEudjEuQWNrUmVzcG9uc2USNQoETmFjaxIVLmJ1c21xLnYxLk5hY2tSZXF1ZXN0GhYuYnVzbXEudjEuTmFja1Jlc3BvbnNlEjsKBlJlamVjdBIXLmJ1c21xLnYxLlJlamVjdFJlcXVlc3QaGC5idXNtcS52MS5SZWplY3RSZXNwb25zZRJKCgtSZXF1ZXVlRGVhZBIcLmJ1c21xLnYxLlJlcXVldWVEZWFkUmVxdWVzdBodLmJ1c21xLnYxLlJlcXVldWVEZWFkUmVzcG9uc2USYgoTVXBkYXRlUXVldWVDb250cm9scxIkLmJ1c21xLnYxLlVwZGF0ZVF1ZXVlQ29udHJvbHNSZXF1ZXN0GiUuYnVzbXEudjEuVXBkYXRlUXVldWVDb250cm9sc1Jlc3BvbnNlEkEKCEdldFF1ZXVlEhkuYnVzbXEudjEuR2V0UXVldWVSZXF1ZXN0GhouYnVzbXEudjEuR2V0UXVldWVSZXNwb25zZRJiChNVcGRhdGVRdWV1ZU1ldGFkYXRhEiQuYnVzbXEudjEuVXBkYXRlUXVldWVNZXRhZGF0YVJlcXVlc3QaJS5idXNtcS52MS5VcGRhdGVRdWV1ZU1ldGFkYXRhUmVzcG9uc2USRwoKRmx1c2hRdWV1ZRIbLmJ1c21xLnYxLkZsdXNoUXVldWVSZXF1ZXN0GhwuYnVzbXEudjEuRmx1c2hRdWV1ZVJlc3BvbnNlEkcKCkNsb3NlUXVldWUSGy5idXNtcS52MS5DbG9zZVF1ZXVlUmVxdWVzdBocLmJ1c21xLnYxLkNsb3NlUXVldWVSZXNwb25zZRJHCgpMaXN0UXVldWVzEhsuYnVzbXEudjEuTGlzdFF1ZXVlc1JlcXVlc3QaHC5idXNtcS52MS5MaXN0UXVldWVzUmVzcG9uc2USTAoLQnJvd3NlUXVldWUSHC5idXNtcS52MS5Ccm93c2VRdWV1ZVJlcXVlc3QaHS5idXNtcS52MS5Ccm93c2VRdWV1ZVJlc3BvbnNlMAESUwoOU2V0UXVldWVTY2hlbWESHy5idXNtcS52MS5TZXRRdWV1ZVNjaGVtYVJlcXVlc3QaIC5idXNtcS52MS5TZXRRdWV1ZVNjaGVtYVJlc3BvbnNlElMKDkdldFF1ZXVlU2NoZW1hEh8uYnVzbXEudjEuR2V0UXVldWVTY2hlbWFSZXF1ZXN0GiAuYnVzbXEudjEuR2V0UXVldWVTY2hlbWFSZXNwb25zZRJcChFSZW1vdmVRdWV1ZVNjaGVtYRIiLmJ1c21xLnYxLlJlbW92ZVF1ZXVlU2NoZW1hUmVxdWVzdBojLmJ1c21xLnYxLlJlbW92ZVF1ZXVlU2NoZW1hUmVzcG9uc2USWQoQQ2hlY2tRdWV1ZVNjaGVtYRIhLmJ1c21xLnYxLkNoZWNrUXVldWVTY2hlbWFSZXF1ZXN0GiIuYnVzbXEudjEuQ2hlY2tRdWV1ZVNjaGVtYVJlc3BvbnNlYgZwcm90bzM", [file_busmq_v1_types, file_google_protobuf_duration, file_google_protobuf_timestamp, file_google_rpc_status]);
+  fileDesc("ChxidXNtcS92MS9xdWV1ZV9zZXJ2aWNlLnByb3RvEghidXNtcS52MSKSAQoNU2NoZW1hVmVyc2lvbhIPCgd2ZXJzaW9uGAEgASgNEhMKC2pzb25fc2NoZW1hGAIgASgJEi8KC2NyZWF0ZV90aW1lGAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIqCghwcm90b2J1ZhgEIAEoCzIYLmJ1c21xLnYxLlByb3RvYnVmU2NoZW1hIlAKDlByb3RvYnVmU2NoZW1hEhYKDmRlc2NyaXB0b3Jfc2V0GAEgASgMEg8KB21lc3NhZ2UYAiABKAkSFQoNYWxsb3dfdW5rbm93bhgDIAEoCCKdAQoVU2V0UXVldWVTY2hlbWFSZXF1ZXN0Eg0KBXF1ZXVlGAEgASgJEhMKC2pzb25fc2NoZW1hGAIgASgJEjQKDWNvbXBhdGliaWxpdHkYAyABKA4yHS5idXNtcS52MS5TY2hlbWFDb21wYXRpYmlsaXR5EioKCHByb3RvYnVmGAQgASgLMhguYnVzbXEudjEuUHJvdG9idWZTY2hlbWEiQgoWU2V0UXVldWVTY2hlbWFSZXNwb25zZRIoCgd2ZXJzaW9uGAEgASgLMhcuYnVzbXEudjEuU2NoZW1hVmVyc2lvbiImChVHZXRRdWV1ZVNjaGVtYVJlcXVlc3QSDQoFcXVldWUYASABKAkikgEKFkdldFF1ZXVlU2NoZW1hUmVzcG9uc2USFwoPY3VycmVudF92ZXJzaW9uGAEgASgNEjQKDWNvbXBhdGliaWxpdHkYAiABKA4yHS5idXNtcS52MS5TY2hlbWFDb21wYXRpYmlsaXR5EikKCHZlcnNpb25zGAMgAygLMhcuYnVzbXEudjEuU2NoZW1hVmVyc2lvbiIpChhSZW1vdmVRdWV1ZVNjaGVtYVJlcXVlc3QSDQoFcXVldWUYASABKAkiGwoZUmVtb3ZlUXVldWVTY2hlbWFSZXNwb25zZSJVChdDaGVja1F1ZXVlU2NoZW1hUmVxdWVzdBINCgVxdWV1ZRgBIAEoCRIrCghtZXNzYWdlcxgCIAMoCzIZLmJ1c21xLnYxLk91dGdvaW5nTWVzc2FnZSJaChhDaGVja1F1ZXVlU2NoZW1hUmVzcG9uc2USDwoHdmVyc2lvbhgBIAEoDRItCgp2aW9sYXRpb25zGAIgAygLMhkuYnVzbXEudjEuU2NoZW1hVmlvbGF0aW9uIlAKD1NjaGVtYVZpb2xhdGlvbhINCgVpbmRleBgBIAEoDRIPCgdwb2ludGVyGAIgASgJEgwKBHJ1bGUYAyABKAkSDwoHbWVzc2FnZRgEIAEoCSK8AQoSQXR0YWNoUXVldWVSZXF1ZXN0Eg0KBXF1ZXVlGAEgASgJEiYKA3R0bBgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhISCgptYXhfbGVuZ3RoGAMgASgEEioKB21heF9hZ2UYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SEwoLbWF4X2JhY2tsb2cYBSABKAQSGgoScmVtb3ZlX21heF9iYWNrbG9nGAYgASgIInAKE0F0dGFjaFF1ZXVlUmVzcG9uc2USFQoNYXR0YWNobWVudF9pZBgBIAEoCRIPCgdjcmVhdGVkGAIgASgIEjEKDmxlYXNlX2R1cmF0aW9uGAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIi8KFlJlbmV3QXR0YWNobWVudFJlcXVlc3QSFQoNYXR0YWNobWVudF9pZBgBIAEoCSIZChdSZW5ld0F0dGFjaG1lbnRSZXNwb25zZSIrChJEZXRhY2hRdWV1ZVJlcXVlc3QSFQoNYXR0YWNobWVudF9pZBgBIAEoCSIVChNEZXRhY2hRdWV1ZVJlc3BvbnNlIugCCgtQdXNoUmVxdWVzdBINCgVxdWV1ZRgBIAEoCRIrCghtZXNzYWdlcxgCIAMoCzIZLmJ1c21xLnYxLk91dGdvaW5nTWVzc2FnZRISCgpyZXF1ZXN0X2lkGAMgASgJEhIKCmR1cmFiaWxpdHkYBCABKAkSKAoFZGVsYXkYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SLgoKZGVsaXZlcl9hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASJgoDdHRsGAcgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEi4KCmV4cGlyZXNfYXQYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhAKCHByb2R1Y2VyGAkgASgJEhYKDnByb2R1Y2VyX2Vwb2NoGAogASgEEhkKEXByb2R1Y2VyX3NlcXVlbmNlGAsgASgEIi4KDFB1c2hSZXNwb25zZRILCgNpZHMYASADKAQSEQoJZHVwbGljYXRlGAIgASgIIlcKD1B1c2hNYW55UmVxdWVzdBIlCgZwdXNoZXMYASADKAsyFS5idXNtcS52MS5QdXNoUmVxdWVzdBIdChVzdG9wX3F1ZXVlX2F0X2ZhaWx1cmUYAiABKAgiOwoQUHVzaE1hbnlSZXNwb25zZRInCghvdXRjb21lcxgBIAMoCzIVLmJ1c21xLnYxLlB1c2hPdXRjb21lImcKC1B1c2hPdXRjb21lEigKBnJlc3VsdBgBIAEoCzIWLmJ1c21xLnYxLlB1c2hSZXNwb25zZUgAEiMKBWVycm9yGAIgASgLMhIuZ29vZ2xlLnJwYy5TdGF0dXNIAEIJCgdvdXRjb21lIkoKEVB1c2hTdHJlYW1SZXF1ZXN0EhAKCHNlcXVlbmNlGAEgASgEEiMKBHB1c2gYAiABKAsyFS5idXNtcS52MS5QdXNoUmVxdWVzdCJDChJQdXNoU3RyZWFtUmVzcG9uc2USLQoIb3V0Y29tZXMYASADKAsyGy5idXNtcS52MS5QdXNoU3RyZWFtT3V0Y29tZSJ/ChFQdXNoU3RyZWFtT3V0Y29tZRIQCghzZXF1ZW5jZRgBIAEoBBIoCgZyZXN1bHQYAiABKAsyFi5idXNtcS52MS5QdXNoUmVzcG9uc2VIABIjCgVlcnJvchgDIAEoCzISLmdvb2dsZS5ycGMuU3RhdHVzSABCCQoHb3V0Y29tZSKUAgoOQ29uc3VtZVJlcXVlc3QSDQoFcXVldWUYASABKAkSIwoEbW9kZRgCIAEoDjIVLmJ1c21xLnYxLkNvbnN1bWVNb2RlEg8KB2Zyb21faWQYAyABKAQSEwoLZnJvbV9sYXRlc3QYBCABKAgSCwoDbWF4GAUgASgEEhAKCHByZWZldGNoGAYgASgNEjUKEnZpc2liaWxpdHlfdGltZW91dBgHIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhINCgViYXRjaBgIIAEoCBIWCg5tYXhfZGVsaXZlcmllcxgJIAEoDRIrCgxyZXRyeV9wb2xpY3kYCiABKAsyFS5idXNtcS52MS5SZXRyeVBvbGljeSKHAQoLUmV0cnlQb2xpY3kSKgoHaW5pdGlhbBgBIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIOCgZmYWN0b3IYAiABKAESLAoJbWF4X2RlbGF5GAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg4KBmppdHRlchgEIAEoASJPCglSYXRlTGltaXQSDQoFbGltaXQYASABKA0SJgoDcGVyGAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEgsKA2tleRgDIAEoCSLqAQoPQ29uc3VtZVJlc3BvbnNlEisKB3N0YXJ0ZWQYASABKAsyGC5idXNtcS52MS5Db25zdW1lU3RhcnRlZEgAEiYKCGRlbGl2ZXJ5GAIgASgLMhIuYnVzbXEudjEuRGVsaXZlcnlIABIoCgloZWFydGJlYXQYAyABKAsyEy5idXNtcS52MS5IZWFydGJlYXRIABIlCgVzdGF0ZRgEIAEoCzIULmJ1c21xLnYxLlN0YXRlRXZlbnRIABIoCgViYXRjaBgFIAEoCzIXLmJ1c21xLnYxLkRlbGl2ZXJ5QmF0Y2hIAEIHCgVldmVudCI3Cg1EZWxpdmVyeUJhdGNoEiYKCmRlbGl2ZXJpZXMYASADKAsyEi5idXNtcS52MS5EZWxpdmVyeSIlCg5Db25zdW1lU3RhcnRlZBITCgtjb25zdW1lcl9pZBgBIAEoCSJPCgpBY2tSZXF1ZXN0Eg0KBXF1ZXVlGAEgASgJEgsKA2lkcxgCIAMoBBIQCgh1cF90b19pZBgDIAEoBBITCgtjb25zdW1lcl9pZBgEIAEoCSIxCgtBY2tSZXNwb25zZRINCgVhY2tlZBgBIAEoBBITCgt1bmtub3duX2lkcxgCIAMoBCJ3CgtOYWNrUmVxdWVzdBINCgVxdWV1ZRgBIAEoCRITCgtjb25zdW1lcl9pZBgCIAEoCRILCgNpZHMYAyADKAQSKAoFZGVsYXkYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SDQoFZXJyb3IYBSABKAkiIwoMTmFja1Jlc3BvbnNlEhMKC3Vua25vd25faWRzGAEgAygEIlAKDVJlamVjdFJlcXVlc3QSDQoFcXVldWUYASABKAkSEwoLY29uc3VtZXJfaWQYAiABKAkSCwoDaWRzGAMgAygEEg4KBnJlYXNvbhgEIAEoCSIlCg5SZWplY3RSZXNwb25zZRITCgt1bmtub3duX2lkcxgBIAMoBCI/ChJSZXF1ZXVlRGVhZFJlcXVlc3QSDQoFcXVldWUYASABKAkSCwoDaWRzGAIgAygEEg0KBWxpbWl0GAMgASgEIiIKE1JlcXVldWVEZWFkUmVzcG9uc2USCwoDaWRzGAEgAygEIpgCChpVcGRhdGVRdWV1ZUNvbnRyb2xzUmVxdWVzdBINCgVxdWV1ZRgBIAEoCRITCgZwYXVzZWQYAiABKAhIAIgBARInCgpyYXRlX2xpbWl0GAMgASgLMhMuYnVzbXEudjEuUmF0ZUxpbWl0EhoKEnJlbW92ZV9yYXRlX2xpbWl0cxgEIAEoCBIbCg5tYXhfZGVsaXZlcmllcxgFIAEoDUgBiAEBEhkKDGRyb3BfZXhwaXJlZBgGIAEoCEgCiAEBEhkKDG9yZGVyaW5nX2tleRgHIAEoCUgDiAEBQgkKB19wYXVzZWRCEQoPX21heF9kZWxpdmVyaWVzQg8KDV9kcm9wX2V4cGlyZWRCDwoNX29yZGVyaW5nX2tleSIdChtVcGRhdGVRdWV1ZUNvbnRyb2xzUmVzcG9uc2UiIAoPR2V0UXVldWVSZXF1ZXN0Eg0KBXF1ZXVlGAEgASgJIrcEChBHZXRRdWV1ZVJlc3BvbnNlEg0KBXF1ZXVlGAEgASgJEg0KBWNvdW50GAIgASgEEiYKA3R0bBgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIPCgdsYXN0X2lkGAQgASgEEjoKCG1ldGFkYXRhGAUgAygLMiguYnVzbXEudjEuR2V0UXVldWVSZXNwb25zZS5NZXRhZGF0YUVudHJ5Eg8KB3BlbmRpbmcYBiABKAQSDwoHZGVsYXllZBgHIAEoBBIUCgxkZWFkX2xldHRlcnMYCCABKAQSDgoGcGF1c2VkGAkgASgIEicKCnJhdGVfbGltaXQYCiABKAsyEy5idXNtcS52MS5SYXRlTGltaXQSKwoOa2V5X3JhdGVfbGltaXQYCyABKAsyEy5idXNtcS52MS5SYXRlTGltaXQSFgoObWF4X2RlbGl2ZXJpZXMYDCABKA0SFAoMZHJvcF9leHBpcmVkGA0gASgIEgwKBG1vZGUYDiABKAkSFAoMb3JkZXJpbmdfa2V5GA8gASgJEh4KFm9yZGVyZWRfa2V5c19pbl9mbGlnaHQYECABKAQSFwoPb3JkZXJlZF93YWl0aW5nGBEgASgEEjYKE29sZGVzdF9vcmRlcmVkX3dhaXQYEiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24aLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIqIBChpVcGRhdGVRdWV1ZU1ldGFkYXRhUmVxdWVzdBINCgVxdWV1ZRgBIAEoCRJECghtZXRhZGF0YRgCIAMoCzIyLmJ1c21xLnYxLlVwZGF0ZVF1ZXVlTWV0YWRhdGFSZXF1ZXN0Lk1ldGFkYXRhRW50cnkaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIh0KG1VwZGF0ZVF1ZXVlTWV0YWRhdGFSZXNwb25zZSIiChFGbHVzaFF1ZXVlUmVxdWVzdBINCgVxdWV1ZRgBIAEoCSIUChJGbHVzaFF1ZXVlUmVzcG9uc2UiIgoRQ2xvc2VRdWV1ZVJlcXVlc3QSDQoFcXVldWUYASABKAkiFAoSQ2xvc2VRdWV1ZVJlc3BvbnNlIkoKEUxpc3RRdWV1ZXNSZXF1ZXN0Eg4KBnByZWZpeBgBIAEoCRIRCglwYWdlX3NpemUYAiABKA0SEgoKcGFnZV90b2tlbhgDIAEoCSJkChJMaXN0UXVldWVzUmVzcG9uc2USJgoGcXVldWVzGAEgAygLMhYuYnVzbXEudjEuUXVldWVTdW1tYXJ5EhcKD25leHRfcGFnZV90b2tlbhgCIAEoCRINCgV0b3RhbBgDIAEoBCLsAwoMUXVldWVTdW1tYXJ5Eg0KBXF1ZXVlGAEgASgJEg0KBXNoYXJkGAIgASgJEg0KBWNvdW50GAMgASgEEg0KBXJlYWR5GAQgASgEEg8KB3BlbmRpbmcYBSABKAQSMQoOb2xkZXN0X3BlbmRpbmcYBiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SEQoJY29uc3VtZXJzGAcgASgNEhMKC2F0dGFjaG1lbnRzGAggASgNEg8KB2RlbGF5ZWQYCSABKAQSFAoMZGVhZF9sZXR0ZXJzGAogASgEEg8KB2xhc3RfaWQYCyABKAQSEQoJZGVsaXZlcmVkGAwgASgEEgwKBG1vZGUYDSABKAkSDgoGcGF1c2VkGA4gASgIEiYKA3R0bBgPIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhInCgpyYXRlX2xpbWl0GBAgASgLMhMuYnVzbXEudjEuUmF0ZUxpbWl0EisKDmtleV9yYXRlX2xpbWl0GBEgASgLMhMuYnVzbXEudjEuUmF0ZUxpbWl0EhQKDG9yZGVyaW5nX2tleRgSIAEoCRIeChZvcmRlcmVkX2tleXNfaW5fZmxpZ2h0GBMgASgEEhcKD29yZGVyZWRfd2FpdGluZxgUIAEoBCJTChJCcm93c2VRdWV1ZVJlcXVlc3QSDQoFcXVldWUYASABKAkSDwoHZnJvbV9pZBgCIAEoBBINCgV0b19pZBgDIAEoBBIOCgZmb2xsb3cYBCABKAgimwEKE0Jyb3dzZVF1ZXVlUmVzcG9uc2USKgoIbWVzc2FnZXMYASABKAsyFi5idXNtcS52MS5NZXNzYWdlQmF0Y2hIABIoCgloZWFydGJlYXQYAiABKAsyEy5idXNtcS52MS5IZWFydGJlYXRIABIlCgVzdGF0ZRgDIAEoCzIULmJ1c21xLnYxLlN0YXRlRXZlbnRIAEIHCgVldmVudCIzCgxNZXNzYWdlQmF0Y2gSIwoIbWVzc2FnZXMYASADKAsyES5idXNtcS52MS5NZXNzYWdlKsMCChNTY2hlbWFDb21wYXRpYmlsaXR5EiQKIFNDSEVNQV9DT01QQVRJQklMSVRZX1VOU1BFQ0lGSUVEEAASIQodU0NIRU1BX0NPTVBBVElCSUxJVFlfQkFDS1dBUkQQARIsCihTQ0hFTUFfQ09NUEFUSUJJTElUWV9CQUNLV0FSRF9UUkFOU0lUSVZFEAISIAocU0NIRU1BX0NPTVBBVElCSUxJVFlfRk9SV0FSRBADEisKJ1NDSEVNQV9DT01QQVRJQklMSVRZX0ZPUldBUkRfVFJBTlNJVElWRRAEEh0KGVNDSEVNQV9DT01QQVRJQklMSVRZX0ZVTEwQBRIoCiRTQ0hFTUFfQ09NUEFUSUJJTElUWV9GVUxMX1RSQU5TSVRJVkUQBhIdChlTQ0hFTUFfQ09NUEFUSUJJTElUWV9OT05FEAcykg0KDFF1ZXVlU2VydmljZRJKCgtBdHRhY2hRdWV1ZRIcLmJ1c21xLnYxLkF0dGFjaFF1ZXVlUmVxdWVzdBodLmJ1c21xLnYxLkF0dGFjaFF1ZXVlUmVzcG9uc2USVgoPUmVuZXdBdHRhY2htZW50EiAuYnVzbXEudjEuUmVuZXdBdHRhY2htZW50UmVxdWVzdBohLmJ1c21xLnYxLlJlbmV3QXR0YWNobWVudFJlc3BvbnNlEkoKC0RldGFjaFF1ZXVlEhwuYnVzbXEudjEuRGV0YWNoUXVldWVSZXF1ZXN0Gh0uYnVzbXEudjEuRGV0YWNoUXVldWVSZXNwb25zZRI1CgRQdXNoEhUuYnVzbXEudjEuUHVzaFJlcXVlc3QaFi5idXNtcS52MS5QdXNoUmVzcG9uc2USQQoIUHVzaE1hbnkSGS5idXNtcS52MS5QdXNoTWFueVJlcXVlc3QaGi5idXNtcS52MS5QdXNoTWFueVJlc3BvbnNlEksKClB1c2hTdHJlYW0SGy5idXNtcS52MS5QdXNoU3RyZWFtUmVxdWVzdBocLmJ1c21xLnYxLlB1c2hTdHJlYW1SZXNwb25zZSgBMAESQAoHQ29uc3VtZRIYLmJ1c21xLnYxLkNvbnN1bWVSZXF1ZXN0GhkuYnVzbXEudjEuQ29uc3VtZVJlc3BvbnNlMAESMgoDQWNrEhQuYnVzbXEudjEuQWNrUmVxdWVzdBoVLmJ1c21xLnYxLkFja1Jlc3BvbnNlEjUKBE5hY2sSFS5idXNtcS52MS5OYWNrUmVxdWVzdBoWLmJ1c21xLnYxLk5hY2tSZXNwb25zZRI7CgZSZWplY3QSFy5idXNtcS52MS5SZWplY3RSZXF1ZXN0GhguYnVzbXEudjEuUmVqZWN0UmVzcG9uc2USSgoLUmVxdWV1ZURlYWQSHC5idXNtcS52MS5SZXF1ZXVlRGVhZFJlcXVlc3QaHS5idXNtcS52MS5SZXF1ZXVlRGVhZFJlc3BvbnNlEmIKE1VwZGF0ZVF1ZXVlQ29udHJvbHMSJC5idXNtcS52MS5VcGRhdGVRdWV1ZUNvbnRyb2xzUmVxdWVzdBolLmJ1c21xLnYxLlVwZGF0ZVF1ZXVlQ29udHJvbHNSZXNwb25zZRJBCghHZXRRdWV1ZRIZLmJ1c21xLnYxLkdldFF1ZXVlUmVxdWVzdBoaLmJ1c21xLnYxLkdldFF1ZXVlUmVzcG9uc2USYgoTVXBkYXRlUXVldWVNZXRhZGF0YRIkLmJ1c21xLnYxLlVwZGF0ZVF1ZXVlTWV0YWRhdGFSZXF1ZXN0GiUuYnVzbXEudjEuVXBkYXRlUXVldWVNZXRhZGF0YVJlc3BvbnNlEkcKCkZsdXNoUXVldWUSGy5idXNtcS52MS5GbHVzaFF1ZXVlUmVxdWVzdBocLmJ1c21xLnYxLkZsdXNoUXVldWVSZXNwb25zZRJHCgpDbG9zZVF1ZXVlEhsuYnVzbXEudjEuQ2xvc2VRdWV1ZVJlcXVlc3QaHC5idXNtcS52MS5DbG9zZVF1ZXVlUmVzcG9uc2USRwoKTGlzdFF1ZXVlcxIbLmJ1c21xLnYxLkxpc3RRdWV1ZXNSZXF1ZXN0GhwuYnVzbXEudjEuTGlzdFF1ZXVlc1Jlc3BvbnNlEkwKC0Jyb3dzZVF1ZXVlEhwuYnVzbXEudjEuQnJvd3NlUXVldWVSZXF1ZXN0Gh0uYnVzbXEudjEuQnJvd3NlUXVldWVSZXNwb25zZTABElMKDlNldFF1ZXVlU2NoZW1hEh8uYnVzbXEudjEuU2V0UXVldWVTY2hlbWFSZXF1ZXN0GiAuYnVzbXEudjEuU2V0UXVldWVTY2hlbWFSZXNwb25zZRJTCg5HZXRRdWV1ZVNjaGVtYRIfLmJ1c21xLnYxLkdldFF1ZXVlU2NoZW1hUmVxdWVzdBogLmJ1c21xLnYxLkdldFF1ZXVlU2NoZW1hUmVzcG9uc2USXAoRUmVtb3ZlUXVldWVTY2hlbWESIi5idXNtcS52MS5SZW1vdmVRdWV1ZVNjaGVtYVJlcXVlc3QaIy5idXNtcS52MS5SZW1vdmVRdWV1ZVNjaGVtYVJlc3BvbnNlElkKEENoZWNrUXVldWVTY2hlbWESIS5idXNtcS52MS5DaGVja1F1ZXVlU2NoZW1hUmVxdWVzdBoiLmJ1c21xLnYxLkNoZWNrUXVldWVTY2hlbWFSZXNwb25zZWIGcHJvdG8z", [file_busmq_v1_types, file_google_protobuf_duration, file_google_protobuf_timestamp, file_google_rpc_status]);
 
 /**
  * One version of a queue's schema.
@@ -32,7 +32,7 @@ export type SchemaVersion = Message<"busmq.v1.SchemaVersion"> & {
   version: number;
 
   /**
-   * The JSON Schema document, as JSON text.
+   * The JSON Schema document, as JSON text (empty for a protobuf schema).
    *
    * @generated from field: string json_schema = 2;
    */
@@ -44,6 +44,13 @@ export type SchemaVersion = Message<"busmq.v1.SchemaVersion"> & {
    * @generated from field: google.protobuf.Timestamp create_time = 3;
    */
   createTime?: Timestamp;
+
+  /**
+   * A protobuf message type (unset for a JSON Schema).
+   *
+   * @generated from field: busmq.v1.ProtobufSchema protobuf = 4;
+   */
+  protobuf?: ProtobufSchema;
 };
 
 /**
@@ -52,6 +59,42 @@ export type SchemaVersion = Message<"busmq.v1.SchemaVersion"> & {
  */
 export const SchemaVersionSchema: GenMessage<SchemaVersion> = /*@__PURE__*/
   messageDesc(file_busmq_v1_queue_service, 0);
+
+/**
+ * A protobuf message type as a queue's schema: payloads must parse as it.
+ *
+ * @generated from message busmq.v1.ProtobufSchema
+ */
+export type ProtobufSchema = Message<"busmq.v1.ProtobufSchema"> & {
+  /**
+   * A serialized google.protobuf.FileDescriptorSet holding the type and what it imports
+   * (protoc --include_imports --descriptor_set_out, or buf build -o).
+   *
+   * @generated from field: bytes descriptor_set = 1;
+   */
+  descriptorSet: Uint8Array;
+
+  /**
+   * The message's full name, e.g. "shop.v1.Order".
+   *
+   * @generated from field: string message = 2;
+   */
+  message: string;
+
+  /**
+   * Accept payloads with fields the type does not define (default: refused).
+   *
+   * @generated from field: bool allow_unknown = 3;
+   */
+  allowUnknown: boolean;
+};
+
+/**
+ * Describes the message busmq.v1.ProtobufSchema.
+ * Use `create(ProtobufSchemaSchema)` to create a new message.
+ */
+export const ProtobufSchemaSchema: GenMessage<ProtobufSchema> = /*@__PURE__*/
+  messageDesc(file_busmq_v1_queue_service, 1);
 
 /**
  * @generated from message busmq.v1.SetQueueSchemaRequest
@@ -63,7 +106,7 @@ export type SetQueueSchemaRequest = Message<"busmq.v1.SetQueueSchemaRequest"> & 
   queue: string;
 
   /**
-   * The JSON Schema document, as JSON text.
+   * The JSON Schema document, as JSON text; or set `protobuf`.
    *
    * @generated from field: string json_schema = 2;
    */
@@ -75,6 +118,13 @@ export type SetQueueSchemaRequest = Message<"busmq.v1.SetQueueSchemaRequest"> & 
    * @generated from field: busmq.v1.SchemaCompatibility compatibility = 3;
    */
   compatibility: SchemaCompatibility;
+
+  /**
+   * A protobuf message type instead of a JSON Schema.
+   *
+   * @generated from field: busmq.v1.ProtobufSchema protobuf = 4;
+   */
+  protobuf?: ProtobufSchema;
 };
 
 /**
@@ -82,7 +132,7 @@ export type SetQueueSchemaRequest = Message<"busmq.v1.SetQueueSchemaRequest"> & 
  * Use `create(SetQueueSchemaRequestSchema)` to create a new message.
  */
 export const SetQueueSchemaRequestSchema: GenMessage<SetQueueSchemaRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 1);
+  messageDesc(file_busmq_v1_queue_service, 2);
 
 /**
  * @generated from message busmq.v1.SetQueueSchemaResponse
@@ -101,7 +151,7 @@ export type SetQueueSchemaResponse = Message<"busmq.v1.SetQueueSchemaResponse"> 
  * Use `create(SetQueueSchemaResponseSchema)` to create a new message.
  */
 export const SetQueueSchemaResponseSchema: GenMessage<SetQueueSchemaResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 2);
+  messageDesc(file_busmq_v1_queue_service, 3);
 
 /**
  * @generated from message busmq.v1.GetQueueSchemaRequest
@@ -118,7 +168,7 @@ export type GetQueueSchemaRequest = Message<"busmq.v1.GetQueueSchemaRequest"> & 
  * Use `create(GetQueueSchemaRequestSchema)` to create a new message.
  */
 export const GetQueueSchemaRequestSchema: GenMessage<GetQueueSchemaRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 3);
+  messageDesc(file_busmq_v1_queue_service, 4);
 
 /**
  * @generated from message busmq.v1.GetQueueSchemaResponse
@@ -149,7 +199,7 @@ export type GetQueueSchemaResponse = Message<"busmq.v1.GetQueueSchemaResponse"> 
  * Use `create(GetQueueSchemaResponseSchema)` to create a new message.
  */
 export const GetQueueSchemaResponseSchema: GenMessage<GetQueueSchemaResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 4);
+  messageDesc(file_busmq_v1_queue_service, 5);
 
 /**
  * @generated from message busmq.v1.RemoveQueueSchemaRequest
@@ -166,7 +216,7 @@ export type RemoveQueueSchemaRequest = Message<"busmq.v1.RemoveQueueSchemaReques
  * Use `create(RemoveQueueSchemaRequestSchema)` to create a new message.
  */
 export const RemoveQueueSchemaRequestSchema: GenMessage<RemoveQueueSchemaRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 5);
+  messageDesc(file_busmq_v1_queue_service, 6);
 
 /**
  * @generated from message busmq.v1.RemoveQueueSchemaResponse
@@ -179,7 +229,7 @@ export type RemoveQueueSchemaResponse = Message<"busmq.v1.RemoveQueueSchemaRespo
  * Use `create(RemoveQueueSchemaResponseSchema)` to create a new message.
  */
 export const RemoveQueueSchemaResponseSchema: GenMessage<RemoveQueueSchemaResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 6);
+  messageDesc(file_busmq_v1_queue_service, 7);
 
 /**
  * @generated from message busmq.v1.CheckQueueSchemaRequest
@@ -201,7 +251,7 @@ export type CheckQueueSchemaRequest = Message<"busmq.v1.CheckQueueSchemaRequest"
  * Use `create(CheckQueueSchemaRequestSchema)` to create a new message.
  */
 export const CheckQueueSchemaRequestSchema: GenMessage<CheckQueueSchemaRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 7);
+  messageDesc(file_busmq_v1_queue_service, 8);
 
 /**
  * @generated from message busmq.v1.CheckQueueSchemaResponse
@@ -227,7 +277,7 @@ export type CheckQueueSchemaResponse = Message<"busmq.v1.CheckQueueSchemaRespons
  * Use `create(CheckQueueSchemaResponseSchema)` to create a new message.
  */
 export const CheckQueueSchemaResponseSchema: GenMessage<CheckQueueSchemaResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 8);
+  messageDesc(file_busmq_v1_queue_service, 9);
 
 /**
  * Why a message does not fit a queue's schema.
@@ -267,7 +317,7 @@ export type SchemaViolation = Message<"busmq.v1.SchemaViolation"> & {
  * Use `create(SchemaViolationSchema)` to create a new message.
  */
 export const SchemaViolationSchema: GenMessage<SchemaViolation> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 9);
+  messageDesc(file_busmq_v1_queue_service, 10);
 
 /**
  * @generated from message busmq.v1.AttachQueueRequest
@@ -321,7 +371,7 @@ export type AttachQueueRequest = Message<"busmq.v1.AttachQueueRequest"> & {
  * Use `create(AttachQueueRequestSchema)` to create a new message.
  */
 export const AttachQueueRequestSchema: GenMessage<AttachQueueRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 10);
+  messageDesc(file_busmq_v1_queue_service, 11);
 
 /**
  * @generated from message busmq.v1.AttachQueueResponse
@@ -354,7 +404,7 @@ export type AttachQueueResponse = Message<"busmq.v1.AttachQueueResponse"> & {
  * Use `create(AttachQueueResponseSchema)` to create a new message.
  */
 export const AttachQueueResponseSchema: GenMessage<AttachQueueResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 11);
+  messageDesc(file_busmq_v1_queue_service, 12);
 
 /**
  * @generated from message busmq.v1.RenewAttachmentRequest
@@ -371,7 +421,7 @@ export type RenewAttachmentRequest = Message<"busmq.v1.RenewAttachmentRequest"> 
  * Use `create(RenewAttachmentRequestSchema)` to create a new message.
  */
 export const RenewAttachmentRequestSchema: GenMessage<RenewAttachmentRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 12);
+  messageDesc(file_busmq_v1_queue_service, 13);
 
 /**
  * @generated from message busmq.v1.RenewAttachmentResponse
@@ -384,7 +434,7 @@ export type RenewAttachmentResponse = Message<"busmq.v1.RenewAttachmentResponse"
  * Use `create(RenewAttachmentResponseSchema)` to create a new message.
  */
 export const RenewAttachmentResponseSchema: GenMessage<RenewAttachmentResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 13);
+  messageDesc(file_busmq_v1_queue_service, 14);
 
 /**
  * @generated from message busmq.v1.DetachQueueRequest
@@ -401,7 +451,7 @@ export type DetachQueueRequest = Message<"busmq.v1.DetachQueueRequest"> & {
  * Use `create(DetachQueueRequestSchema)` to create a new message.
  */
 export const DetachQueueRequestSchema: GenMessage<DetachQueueRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 14);
+  messageDesc(file_busmq_v1_queue_service, 15);
 
 /**
  * @generated from message busmq.v1.DetachQueueResponse
@@ -414,7 +464,7 @@ export type DetachQueueResponse = Message<"busmq.v1.DetachQueueResponse"> & {
  * Use `create(DetachQueueResponseSchema)` to create a new message.
  */
 export const DetachQueueResponseSchema: GenMessage<DetachQueueResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 15);
+  messageDesc(file_busmq_v1_queue_service, 16);
 
 /**
  * @generated from message busmq.v1.PushRequest
@@ -506,7 +556,7 @@ export type PushRequest = Message<"busmq.v1.PushRequest"> & {
  * Use `create(PushRequestSchema)` to create a new message.
  */
 export const PushRequestSchema: GenMessage<PushRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 16);
+  messageDesc(file_busmq_v1_queue_service, 17);
 
 /**
  * @generated from message busmq.v1.PushResponse
@@ -530,7 +580,7 @@ export type PushResponse = Message<"busmq.v1.PushResponse"> & {
  * Use `create(PushResponseSchema)` to create a new message.
  */
 export const PushResponseSchema: GenMessage<PushResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 17);
+  messageDesc(file_busmq_v1_queue_service, 18);
 
 /**
  * @generated from message busmq.v1.PushManyRequest
@@ -560,7 +610,7 @@ export type PushManyRequest = Message<"busmq.v1.PushManyRequest"> & {
  * Use `create(PushManyRequestSchema)` to create a new message.
  */
 export const PushManyRequestSchema: GenMessage<PushManyRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 18);
+  messageDesc(file_busmq_v1_queue_service, 19);
 
 /**
  * @generated from message busmq.v1.PushManyResponse
@@ -579,7 +629,7 @@ export type PushManyResponse = Message<"busmq.v1.PushManyResponse"> & {
  * Use `create(PushManyResponseSchema)` to create a new message.
  */
 export const PushManyResponseSchema: GenMessage<PushManyResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 19);
+  messageDesc(file_busmq_v1_queue_service, 20);
 
 /**
  * What became of one push of a PushMany.
@@ -615,7 +665,7 @@ export type PushOutcome = Message<"busmq.v1.PushOutcome"> & {
  * Use `create(PushOutcomeSchema)` to create a new message.
  */
 export const PushOutcomeSchema: GenMessage<PushOutcome> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 20);
+  messageDesc(file_busmq_v1_queue_service, 21);
 
 /**
  * @generated from message busmq.v1.PushStreamRequest
@@ -639,7 +689,7 @@ export type PushStreamRequest = Message<"busmq.v1.PushStreamRequest"> & {
  * Use `create(PushStreamRequestSchema)` to create a new message.
  */
 export const PushStreamRequestSchema: GenMessage<PushStreamRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 21);
+  messageDesc(file_busmq_v1_queue_service, 22);
 
 /**
  * @generated from message busmq.v1.PushStreamResponse
@@ -658,7 +708,7 @@ export type PushStreamResponse = Message<"busmq.v1.PushStreamResponse"> & {
  * Use `create(PushStreamResponseSchema)` to create a new message.
  */
 export const PushStreamResponseSchema: GenMessage<PushStreamResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 22);
+  messageDesc(file_busmq_v1_queue_service, 23);
 
 /**
  * What became of one push of a PushStream.
@@ -701,7 +751,7 @@ export type PushStreamOutcome = Message<"busmq.v1.PushStreamOutcome"> & {
  * Use `create(PushStreamOutcomeSchema)` to create a new message.
  */
 export const PushStreamOutcomeSchema: GenMessage<PushStreamOutcome> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 23);
+  messageDesc(file_busmq_v1_queue_service, 24);
 
 /**
  * @generated from message busmq.v1.ConsumeRequest
@@ -782,7 +832,7 @@ export type ConsumeRequest = Message<"busmq.v1.ConsumeRequest"> & {
  * Use `create(ConsumeRequestSchema)` to create a new message.
  */
 export const ConsumeRequestSchema: GenMessage<ConsumeRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 24);
+  messageDesc(file_busmq_v1_queue_service, 25);
 
 /**
  * Delay after failed delivery n: initial * factor^(n-1), at most max_delay, shortened by
@@ -817,7 +867,7 @@ export type RetryPolicy = Message<"busmq.v1.RetryPolicy"> & {
  * Use `create(RetryPolicySchema)` to create a new message.
  */
 export const RetryPolicySchema: GenMessage<RetryPolicy> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 25);
+  messageDesc(file_busmq_v1_queue_service, 26);
 
 /**
  * At most `limit` deliveries per `per` for every consumer together; with `key`, for
@@ -847,7 +897,7 @@ export type RateLimit = Message<"busmq.v1.RateLimit"> & {
  * Use `create(RateLimitSchema)` to create a new message.
  */
 export const RateLimitSchema: GenMessage<RateLimit> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 26);
+  messageDesc(file_busmq_v1_queue_service, 27);
 
 /**
  * @generated from message busmq.v1.ConsumeResponse
@@ -898,7 +948,7 @@ export type ConsumeResponse = Message<"busmq.v1.ConsumeResponse"> & {
  * Use `create(ConsumeResponseSchema)` to create a new message.
  */
 export const ConsumeResponseSchema: GenMessage<ConsumeResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 27);
+  messageDesc(file_busmq_v1_queue_service, 28);
 
 /**
  * Deliveries that were read together, in order.
@@ -917,7 +967,7 @@ export type DeliveryBatch = Message<"busmq.v1.DeliveryBatch"> & {
  * Use `create(DeliveryBatchSchema)` to create a new message.
  */
 export const DeliveryBatchSchema: GenMessage<DeliveryBatch> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 28);
+  messageDesc(file_busmq_v1_queue_service, 29);
 
 /**
  * @generated from message busmq.v1.ConsumeStarted
@@ -936,7 +986,7 @@ export type ConsumeStarted = Message<"busmq.v1.ConsumeStarted"> & {
  * Use `create(ConsumeStartedSchema)` to create a new message.
  */
 export const ConsumeStartedSchema: GenMessage<ConsumeStarted> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 29);
+  messageDesc(file_busmq_v1_queue_service, 30);
 
 /**
  * @generated from message busmq.v1.AckRequest
@@ -972,7 +1022,7 @@ export type AckRequest = Message<"busmq.v1.AckRequest"> & {
  * Use `create(AckRequestSchema)` to create a new message.
  */
 export const AckRequestSchema: GenMessage<AckRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 30);
+  messageDesc(file_busmq_v1_queue_service, 31);
 
 /**
  * @generated from message busmq.v1.AckResponse
@@ -996,7 +1046,7 @@ export type AckResponse = Message<"busmq.v1.AckResponse"> & {
  * Use `create(AckResponseSchema)` to create a new message.
  */
 export const AckResponseSchema: GenMessage<AckResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 31);
+  messageDesc(file_busmq_v1_queue_service, 32);
 
 /**
  * @generated from message busmq.v1.NackRequest
@@ -1037,7 +1087,7 @@ export type NackRequest = Message<"busmq.v1.NackRequest"> & {
  * Use `create(NackRequestSchema)` to create a new message.
  */
 export const NackRequestSchema: GenMessage<NackRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 32);
+  messageDesc(file_busmq_v1_queue_service, 33);
 
 /**
  * @generated from message busmq.v1.NackResponse
@@ -1056,7 +1106,7 @@ export type NackResponse = Message<"busmq.v1.NackResponse"> & {
  * Use `create(NackResponseSchema)` to create a new message.
  */
 export const NackResponseSchema: GenMessage<NackResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 33);
+  messageDesc(file_busmq_v1_queue_service, 34);
 
 /**
  * @generated from message busmq.v1.RejectRequest
@@ -1090,7 +1140,7 @@ export type RejectRequest = Message<"busmq.v1.RejectRequest"> & {
  * Use `create(RejectRequestSchema)` to create a new message.
  */
 export const RejectRequestSchema: GenMessage<RejectRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 34);
+  messageDesc(file_busmq_v1_queue_service, 35);
 
 /**
  * @generated from message busmq.v1.RejectResponse
@@ -1109,7 +1159,7 @@ export type RejectResponse = Message<"busmq.v1.RejectResponse"> & {
  * Use `create(RejectResponseSchema)` to create a new message.
  */
 export const RejectResponseSchema: GenMessage<RejectResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 35);
+  messageDesc(file_busmq_v1_queue_service, 36);
 
 /**
  * @generated from message busmq.v1.RequeueDeadRequest
@@ -1138,7 +1188,7 @@ export type RequeueDeadRequest = Message<"busmq.v1.RequeueDeadRequest"> & {
  * Use `create(RequeueDeadRequestSchema)` to create a new message.
  */
 export const RequeueDeadRequestSchema: GenMessage<RequeueDeadRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 36);
+  messageDesc(file_busmq_v1_queue_service, 37);
 
 /**
  * @generated from message busmq.v1.RequeueDeadResponse
@@ -1157,7 +1207,7 @@ export type RequeueDeadResponse = Message<"busmq.v1.RequeueDeadResponse"> & {
  * Use `create(RequeueDeadResponseSchema)` to create a new message.
  */
 export const RequeueDeadResponseSchema: GenMessage<RequeueDeadResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 37);
+  messageDesc(file_busmq_v1_queue_service, 38);
 
 /**
  * @generated from message busmq.v1.UpdateQueueControlsRequest
@@ -1218,7 +1268,7 @@ export type UpdateQueueControlsRequest = Message<"busmq.v1.UpdateQueueControlsRe
  * Use `create(UpdateQueueControlsRequestSchema)` to create a new message.
  */
 export const UpdateQueueControlsRequestSchema: GenMessage<UpdateQueueControlsRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 38);
+  messageDesc(file_busmq_v1_queue_service, 39);
 
 /**
  * @generated from message busmq.v1.UpdateQueueControlsResponse
@@ -1231,7 +1281,7 @@ export type UpdateQueueControlsResponse = Message<"busmq.v1.UpdateQueueControlsR
  * Use `create(UpdateQueueControlsResponseSchema)` to create a new message.
  */
 export const UpdateQueueControlsResponseSchema: GenMessage<UpdateQueueControlsResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 39);
+  messageDesc(file_busmq_v1_queue_service, 40);
 
 /**
  * @generated from message busmq.v1.GetQueueRequest
@@ -1248,7 +1298,7 @@ export type GetQueueRequest = Message<"busmq.v1.GetQueueRequest"> & {
  * Use `create(GetQueueRequestSchema)` to create a new message.
  */
 export const GetQueueRequestSchema: GenMessage<GetQueueRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 40);
+  messageDesc(file_busmq_v1_queue_service, 41);
 
 /**
  * @generated from message busmq.v1.GetQueueResponse
@@ -1372,7 +1422,7 @@ export type GetQueueResponse = Message<"busmq.v1.GetQueueResponse"> & {
  * Use `create(GetQueueResponseSchema)` to create a new message.
  */
 export const GetQueueResponseSchema: GenMessage<GetQueueResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 41);
+  messageDesc(file_busmq_v1_queue_service, 42);
 
 /**
  * @generated from message busmq.v1.UpdateQueueMetadataRequest
@@ -1394,7 +1444,7 @@ export type UpdateQueueMetadataRequest = Message<"busmq.v1.UpdateQueueMetadataRe
  * Use `create(UpdateQueueMetadataRequestSchema)` to create a new message.
  */
 export const UpdateQueueMetadataRequestSchema: GenMessage<UpdateQueueMetadataRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 42);
+  messageDesc(file_busmq_v1_queue_service, 43);
 
 /**
  * @generated from message busmq.v1.UpdateQueueMetadataResponse
@@ -1407,7 +1457,7 @@ export type UpdateQueueMetadataResponse = Message<"busmq.v1.UpdateQueueMetadataR
  * Use `create(UpdateQueueMetadataResponseSchema)` to create a new message.
  */
 export const UpdateQueueMetadataResponseSchema: GenMessage<UpdateQueueMetadataResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 43);
+  messageDesc(file_busmq_v1_queue_service, 44);
 
 /**
  * @generated from message busmq.v1.FlushQueueRequest
@@ -1424,7 +1474,7 @@ export type FlushQueueRequest = Message<"busmq.v1.FlushQueueRequest"> & {
  * Use `create(FlushQueueRequestSchema)` to create a new message.
  */
 export const FlushQueueRequestSchema: GenMessage<FlushQueueRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 44);
+  messageDesc(file_busmq_v1_queue_service, 45);
 
 /**
  * @generated from message busmq.v1.FlushQueueResponse
@@ -1437,7 +1487,7 @@ export type FlushQueueResponse = Message<"busmq.v1.FlushQueueResponse"> & {
  * Use `create(FlushQueueResponseSchema)` to create a new message.
  */
 export const FlushQueueResponseSchema: GenMessage<FlushQueueResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 45);
+  messageDesc(file_busmq_v1_queue_service, 46);
 
 /**
  * @generated from message busmq.v1.CloseQueueRequest
@@ -1454,7 +1504,7 @@ export type CloseQueueRequest = Message<"busmq.v1.CloseQueueRequest"> & {
  * Use `create(CloseQueueRequestSchema)` to create a new message.
  */
 export const CloseQueueRequestSchema: GenMessage<CloseQueueRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 46);
+  messageDesc(file_busmq_v1_queue_service, 47);
 
 /**
  * @generated from message busmq.v1.CloseQueueResponse
@@ -1467,7 +1517,7 @@ export type CloseQueueResponse = Message<"busmq.v1.CloseQueueResponse"> & {
  * Use `create(CloseQueueResponseSchema)` to create a new message.
  */
 export const CloseQueueResponseSchema: GenMessage<CloseQueueResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 47);
+  messageDesc(file_busmq_v1_queue_service, 48);
 
 /**
  * @generated from message busmq.v1.ListQueuesRequest
@@ -1500,7 +1550,7 @@ export type ListQueuesRequest = Message<"busmq.v1.ListQueuesRequest"> & {
  * Use `create(ListQueuesRequestSchema)` to create a new message.
  */
 export const ListQueuesRequestSchema: GenMessage<ListQueuesRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 48);
+  messageDesc(file_busmq_v1_queue_service, 49);
 
 /**
  * @generated from message busmq.v1.ListQueuesResponse
@@ -1531,7 +1581,7 @@ export type ListQueuesResponse = Message<"busmq.v1.ListQueuesResponse"> & {
  * Use `create(ListQueuesResponseSchema)` to create a new message.
  */
 export const ListQueuesResponseSchema: GenMessage<ListQueuesResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 49);
+  messageDesc(file_busmq_v1_queue_service, 50);
 
 /**
  * A queue's figures as Redis holds them (every client's doing).
@@ -1665,7 +1715,7 @@ export type QueueSummary = Message<"busmq.v1.QueueSummary"> & {
  * Use `create(QueueSummarySchema)` to create a new message.
  */
 export const QueueSummarySchema: GenMessage<QueueSummary> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 50);
+  messageDesc(file_busmq_v1_queue_service, 51);
 
 /**
  * @generated from message busmq.v1.BrowseQueueRequest
@@ -1703,7 +1753,7 @@ export type BrowseQueueRequest = Message<"busmq.v1.BrowseQueueRequest"> & {
  * Use `create(BrowseQueueRequestSchema)` to create a new message.
  */
 export const BrowseQueueRequestSchema: GenMessage<BrowseQueueRequest> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 51);
+  messageDesc(file_busmq_v1_queue_service, 52);
 
 /**
  * @generated from message busmq.v1.BrowseQueueResponse
@@ -1740,7 +1790,7 @@ export type BrowseQueueResponse = Message<"busmq.v1.BrowseQueueResponse"> & {
  * Use `create(BrowseQueueResponseSchema)` to create a new message.
  */
 export const BrowseQueueResponseSchema: GenMessage<BrowseQueueResponse> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 52);
+  messageDesc(file_busmq_v1_queue_service, 53);
 
 /**
  * @generated from message busmq.v1.MessageBatch
@@ -1757,7 +1807,7 @@ export type MessageBatch = Message<"busmq.v1.MessageBatch"> & {
  * Use `create(MessageBatchSchema)` to create a new message.
  */
 export const MessageBatchSchema: GenMessage<MessageBatch> = /*@__PURE__*/
-  messageDesc(file_busmq_v1_queue_service, 53);
+  messageDesc(file_busmq_v1_queue_service, 54);
 
 /**
  * How a queue's new schema version must relate to the earlier ones (Confluent's modes).
