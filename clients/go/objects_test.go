@@ -14,6 +14,8 @@ import (
 	"time"
 
 	pb "busmq.dev/go/gen/busmq/v1"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/descriptorpb"
 )
 
 func must(t *testing.T, err error) {
@@ -221,6 +223,40 @@ func TestASchemaRefusesAPushThatDoesNotFitWithWhereAndWhy(t *testing.T) {
 	must(t, err)
 	if state.Current != 0 || len(state.Versions) != 1 {
 		t.Fatalf("after remove %+v", state)
+	}
+}
+
+func TestAProtobufSchemaRefusesAPayloadThatDoesNotParse(t *testing.T) {
+	d := start(t)
+	client := dial(t, d, d.secret)
+	ctx := context.Background()
+	typed := client.Queue("go-proto")
+	_, err := typed.Attach(ctx, 0)
+	must(t, err)
+	set, err := proto.Marshal(&descriptorpb.FileDescriptorSet{File: []*descriptorpb.FileDescriptorProto{{
+		Name: proto.String("order.proto"), Package: proto.String("shop"), Syntax: proto.String("proto3"),
+		MessageType: []*descriptorpb.DescriptorProto{{
+			Name: proto.String("Order"),
+			Field: []*descriptorpb.FieldDescriptorProto{{
+				Name: proto.String("id"), Number: proto.Int32(1),
+				Type:  descriptorpb.FieldDescriptorProto_TYPE_STRING.Enum(),
+				Label: descriptorpb.FieldDescriptorProto_LABEL_OPTIONAL.Enum(),
+			}},
+		}},
+	}}})
+	must(t, err)
+	version, err := typed.SetProtobufSchema(ctx, set, "shop.Order", false, pb.SchemaCompatibility_SCHEMA_COMPATIBILITY_UNSPECIFIED)
+	must(t, err)
+	if version.Protobuf.GetMessage() != "shop.Order" || version.Schema != nil {
+		t.Fatalf("version %+v", version)
+	}
+	_, err = typed.Push(ctx, Message{Payload: []byte{0x0a, 0x01, 'a'}}) // id = "a"
+	must(t, err)
+	_, err = typed.Push(ctx, Message{Payload: []byte{0xff, 0xff}})
+	var refused *Error
+	if !errors.Is(err, ErrSchema) || !errors.As(err, &refused) || len(refused.Violations) != 1 ||
+		refused.Violations[0].Field != "messages[0]" || !strings.HasPrefix(refused.Violations[0].Description, "protobuf: ") {
+		t.Fatalf("a payload that does not parse: %v", err)
 	}
 }
 

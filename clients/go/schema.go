@@ -14,9 +14,11 @@ import (
 // SchemaVersion is one version of a queue's schema.
 type SchemaVersion struct {
 	Version uint32
-	// Schema is the JSON Schema document, as JSON.
-	Schema  json.RawMessage
-	Created time.Time
+	// Schema is the JSON Schema document, as JSON (nil for a protobuf type).
+	Schema json.RawMessage
+	// Protobuf is the message type (nil for a JSON Schema).
+	Protobuf *pb.ProtobufSchema
+	Created  time.Time
 }
 
 // QueueSchema is a queue's schema: the version enforced (0: none), the compatibility
@@ -37,11 +39,11 @@ type SchemaViolation struct {
 }
 
 func schemaVersion(version *pb.SchemaVersion) SchemaVersion {
-	return SchemaVersion{
-		Version: version.GetVersion(),
-		Schema:  json.RawMessage(version.GetJsonSchema()),
-		Created: version.GetCreateTime().AsTime(),
+	found := SchemaVersion{Version: version.GetVersion(), Protobuf: version.GetProtobuf(), Created: version.GetCreateTime().AsTime()}
+	if found.Protobuf == nil {
+		found.Schema = json.RawMessage(version.GetJsonSchema())
 	}
+	return found
 }
 
 // SetSchema enforces a JSON Schema (draft 2020-12, as JSON) on every push from now on,
@@ -54,6 +56,25 @@ func (q *Queue) SetSchema(ctx context.Context, schema json.RawMessage, compatibi
 	err := q.client.unary(ctx, func(ctx context.Context) (err error) {
 		reply, err = q.client.Queues.SetQueueSchema(ctx, &pb.SetQueueSchemaRequest{
 			Queue: q.Name, JsonSchema: string(schema), Compatibility: compatibility,
+		})
+		return err
+	})
+	if err != nil {
+		return SchemaVersion{}, err
+	}
+	return schemaVersion(reply.GetVersion()), nil
+}
+
+// SetProtobufSchema enforces a protobuf message type on every push from now on: binary
+// payloads must parse as message (its full name), found in descriptorSet (a serialized
+// FileDescriptorSet); unknown fields are refused unless allowUnknown.
+func (q *Queue) SetProtobufSchema(ctx context.Context, descriptorSet []byte, message string, allowUnknown bool, compatibility pb.SchemaCompatibility) (SchemaVersion, error) {
+	var reply *pb.SetQueueSchemaResponse
+	err := q.client.unary(ctx, func(ctx context.Context) (err error) {
+		reply, err = q.client.Queues.SetQueueSchema(ctx, &pb.SetQueueSchemaRequest{
+			Queue:         q.Name,
+			Protobuf:      &pb.ProtobufSchema{DescriptorSet: descriptorSet, Message: message, AllowUnknown: allowUnknown},
+			Compatibility: compatibility,
 		})
 		return err
 	})

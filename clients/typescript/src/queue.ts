@@ -22,6 +22,7 @@ import {
   removeSchema,
   type SchemaVersion,
   type SchemaViolation,
+  setProtobufSchema,
   setSchema,
 } from "./queue_schema.js";
 
@@ -267,6 +268,17 @@ export class QueueHandle {
    * `violations`), and nothing of its batch is stored. */
   async setSchema(schema: unknown, options: { compatibility?: Compatibility } = {}): Promise<SchemaVersion> {
     return setSchema(this.client, this.name, schema, options.compatibility);
+  }
+
+  /** Enforce a protobuf message type on every push from now on (binary payloads must
+   * parse as it; unknown fields refused unless `allowUnknown`): `descriptorSet` is a
+   * serialized FileDescriptorSet holding it, `message` its full name. */
+  async setProtobufSchema(
+    descriptorSet: Uint8Array,
+    message: string,
+    options: { allowUnknown?: boolean; compatibility?: Compatibility } = {},
+  ): Promise<SchemaVersion> {
+    return setProtobufSchema(this.client, this.name, descriptorSet, message, options);
   }
 
   /** The queue's schema: the version enforced (0: none), the mode and every version. */

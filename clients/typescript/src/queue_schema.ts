@@ -19,8 +19,10 @@ export type Compatibility =
 /** One version of a queue's schema. */
 export interface SchemaVersion {
   version: number;
-  /** The JSON Schema document. */
+  /** The JSON Schema document (undefined for a protobuf type). */
   schema: unknown;
+  /** The protobuf message type (undefined for a JSON Schema). */
+  protobuf?: { message: string; allowUnknown: boolean };
   createdMs: number;
 }
 
@@ -41,9 +43,11 @@ export interface SchemaViolation {
 
 function fromWire(version: WireVersion): SchemaVersion {
   const created = version.createTime;
+  const protobuf = version.protobuf;
   return {
     version: version.version,
-    schema: JSON.parse(version.jsonSchema),
+    schema: protobuf ? undefined : JSON.parse(version.jsonSchema),
+    protobuf: protobuf ? { message: protobuf.message, allowUnknown: protobuf.allowUnknown } : undefined,
     createdMs: created ? Number(created.seconds) * 1000 + Math.floor(created.nanos / 1e6) : 0,
   };
 }
@@ -60,6 +64,33 @@ export async function setSchema(
         queue,
         jsonSchema: JSON.stringify(schema),
         compatibility: compatibility ? SchemaCompatibility[compatibility] : SchemaCompatibility.UNSPECIFIED,
+      },
+      o,
+    ),
+  );
+  if (!reply.version) {
+    throw new Error("SetQueueSchema answered without a version");
+  }
+  return fromWire(reply.version);
+}
+
+/** A protobuf message type as the queue's schema: a serialized FileDescriptorSet and
+ * the message's full name; unknown fields refused unless `allowUnknown`. */
+export async function setProtobufSchema(
+  client: Transport,
+  queue: string,
+  descriptorSet: Uint8Array,
+  message: string,
+  options: { allowUnknown?: boolean; compatibility?: Compatibility } = {},
+): Promise<SchemaVersion> {
+  const reply = await client.unary((o) =>
+    client.queues.setQueueSchema(
+      {
+        queue,
+        protobuf: { descriptorSet, message, allowUnknown: options.allowUnknown ?? false },
+        compatibility: options.compatibility
+          ? SchemaCompatibility[options.compatibility]
+          : SchemaCompatibility.UNSPECIFIED,
       },
       o,
     ),

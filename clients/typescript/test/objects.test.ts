@@ -2,6 +2,12 @@
 // letters, listings and browsing of queues, and persistables shared with Python.
 
 import assert from "node:assert/strict";
+import { create, toBinary } from "@bufbuild/protobuf";
+import {
+  FieldDescriptorProto_Label,
+  FieldDescriptorProto_Type,
+  FileDescriptorSetSchema,
+} from "@bufbuild/protobuf/wkt";
 import { execFile } from "node:child_process";
 import { describe, test } from "node:test";
 import { promisify } from "node:util";
@@ -148,6 +154,38 @@ describe("controls, dead letters, listings and persistables through a live gatew
     await orders.removeSchema();
     const state = await orders.schema();
     assert.deepEqual([state.current, state.compatibility, state.versions.length], [0, "BACKWARD", 1]);
+  });
+
+  test("schemas: a protobuf type refuses a payload that does not parse as it", async () => {
+    const { client } = live();
+    const typed = client.queue("ts-proto");
+    await typed.attach();
+    const descriptorSet = toBinary(
+      FileDescriptorSetSchema,
+      create(FileDescriptorSetSchema, {
+        file: [
+          {
+            name: "order.proto",
+            package: "shop",
+            syntax: "proto3",
+            messageType: [
+              {
+                name: "Order",
+                field: [{ name: "id", number: 1, type: FieldDescriptorProto_Type.STRING, label: FieldDescriptorProto_Label.OPTIONAL }],
+              },
+            ],
+          },
+        ],
+      }),
+    );
+    const version = await typed.setProtobufSchema(descriptorSet, "shop.Order");
+    assert.deepEqual(version.protobuf, { message: "shop.Order", allowUnknown: false });
+    await typed.push(new Uint8Array([0x0a, 0x01, 0x61])); // id = "a"
+    await assert.rejects(typed.push(new Uint8Array([0xff, 0xff])), (error) => {
+      assert.ok(error instanceof SchemaError);
+      assert.deepEqual(error.violations.map((v) => [v.field, v.reason]), [["messages[0]", "protobuf"]]);
+      return true;
+    });
   });
 
   test("listQueues pages through the queues of a prefix with their counts", async () => {
