@@ -4,10 +4,11 @@ through a gateway): every command, its JSON output and its exit codes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -250,16 +251,27 @@ async def test_global_options_go_before_or_after_the_command(redis_server: Redis
     assert refused.code == 2 and "not --gateway" in refused.err
 
 
+GATEWAY_SECRET = "cli-gateway-secret-0123456789"
+
+
+@contextlib.asynccontextmanager
+async def through_a_gateway(redis_url: str, tmp_path: Path) -> AsyncIterator[tuple[str, ...]]:
+    """A gateway process on ``redis_url``: the ``busmq`` options that reach it."""
+    secret_file = tmp_path / "secret"
+    secret_file.write_text(GATEWAY_SECRET + "\n")
+    secret_file.chmod(0o600)
+    gateway = GatewayProcess(redis_url, (GATEWAY_SECRET,))
+    await gateway.start()
+    try:
+        yield ("--gateway", f"http://{gateway.target}", "--secret-file", str(secret_file))
+    finally:
+        await gateway.stop()
+
+
 async def test_commands_through_a_gateway(
     redis_server: RedisServer, tmp_path: Path, make_bus: Callable[..., Any]
 ) -> None:
-    secret_file = tmp_path / "secret"
-    secret_file.write_text("cli-gateway-secret-0123456789\n")
-    secret_file.chmod(0o600)
-    gateway = GatewayProcess(redis_server.url, ("cli-gateway-secret-0123456789",))
-    await gateway.start()
-    try:
-        via = ("--gateway", f"http://{gateway.target}", "--secret-file", str(secret_file))
+    async with through_a_gateway(redis_server.url, tmp_path) as via:
         pushed = await busmq(*via, "--json", "push", "remote", "-H", "k=v", stdin=b"a\nb\nc\n")
         assert pushed.code == 0, pushed.err
         assert pushed.json()["last_id"] == 3
@@ -283,10 +295,8 @@ async def test_commands_through_a_gateway(
         ledger = (await busmq(*via, "--json", "inspect", "ledger")).json()
         assert (ledger["ordering"], ledger["ordered_keys_in_flight"]) == ("k", 1)
         assert ledger["ordered_waiting"] == 1 and ledger["oldest_ordered_wait_seconds"] >= 0
-        refused = await busmq("--gateway", f"http://{gateway.target}", "queues")
+        refused = await busmq("--gateway", via[1], "queues")
         assert refused.code == 1 and "credentials" in refused.err
-    finally:
-        await gateway.stop()
 
 
 async def test_through_a_tls_gateway_with_its_ca(redis_server: RedisServer, tmp_path: Path) -> None:
@@ -380,15 +390,6 @@ async def test_schema_set_takes_a_protobuf_type(
 async def test_schema_commands_through_a_gateway(
     redis_server: RedisServer, tmp_path: Path, make_bus: Callable[..., Any]
 ) -> None:
-    secret_file = tmp_path / "secret"
-    secret_file.write_text("cli-gateway-secret-0123456789\n")
-    secret_file.chmod(0o600)
     await (await make_bus([redis_server.url])).queue("ledger").attach(ttl=120)
-    gateway = GatewayProcess(redis_server.url, ("cli-gateway-secret-0123456789",))
-    await gateway.start()
-    try:
-        await schema_commands(
-            "--gateway", f"http://{gateway.target}", "--secret-file", str(secret_file)
-        )
-    finally:
-        await gateway.stop()
+    async with through_a_gateway(redis_server.url, tmp_path) as via:
+        await schema_commands(*via)
