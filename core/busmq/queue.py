@@ -224,6 +224,7 @@ class LocalQueueBackend:
         keys = self._store.keys.all()
         await self._store.run(lambda c: c.delete(*keys), idempotent=True)
         self._bus.placement.forget(self._store.keys.info)
+        self._bus.schemas.forget(self._store.name)  # its versions went with it
 
     async def metadata(self) -> dict[str, str]:
         meta = self._store.keys.meta

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from busmq import Bus, Mode
+from busmq import Bus, JsonSchema, Mode
 from tests.support.cli import busmq
 from tests.support.gateway_process import GatewayProcess
 from tests.support.redis_server import RedisServer
@@ -364,6 +364,30 @@ async def test_schema_commands(redis_server: RedisServer, make_bus: Callable[...
     urls = [redis_server.url]
     await (await make_bus(urls)).queue("ledger").attach(ttl=120)
     await schema_commands(urls=urls)
+
+
+async def test_import_into_a_queue_with_a_schema_is_refused_whole(
+    redis_server: RedisServer, make_bus: Callable[..., Any], tmp_path: Path
+) -> None:
+    urls = [redis_server.url]
+    bus: Bus = await make_bus(urls)
+    source, target = bus.queue("exported"), bus.queue("checked")
+    await source.attach(ttl=120)
+    await source.push_batch([{"id": "a", "qty": 1}, {"id": "b"}])  # the second lacks qty
+    await target.attach(ttl=120)
+    await target.set_schema(JsonSchema(ORDER_SCHEMA))
+    export = tmp_path / "exported.jsonl"
+    assert (await busmq("export", "exported", str(export), urls=urls)).code == 0
+    refused = await busmq("import", str(export), "checked", urls=urls)
+    assert refused.code == 4 and "message 1 at /: " in refused.err and "qty" in refused.err
+    assert [m async for m in target.browse()] == []  # nothing of it was stored
+    await source.push({"id": "c", "qty": 2})
+    fitting = tmp_path / "fitting.jsonl"
+    assert (await busmq("export", "exported", str(fitting), "--from-id", "3", urls=urls)).code == 0
+    assert (await busmq("import", str(fitting), "checked", urls=urls)).code == 0
+    assert [(m.data, m.schema_version) async for m in target.browse()] == [
+        ({"id": "c", "qty": 2}, 1)
+    ]
 
 
 async def test_schema_set_takes_a_protobuf_type(

@@ -204,3 +204,18 @@ async def test_a_requeued_dead_letter_must_fit_the_current_schema(bus: Bus) -> N
         assert [(m.data, m.schema_version) for m in back] == [(GOOD, 1)]
         assert [m.data async for m in orders.dead_letters().browse()] == [{"id": "o-2"}]
         assert await orders.requeue_dead() == []
+
+
+async def test_closing_the_queue_drops_its_versions_and_validators(bus: Bus) -> None:
+    orders = bus.queue("short-lived")
+    await orders.attach()
+    await orders.set_schema(ORDER)
+    await orders.push(GOOD)
+    assert bus.schemas.current["short-lived"] == 1
+    assert bus.schemas.get("short-lived", 1) is not None
+    await orders.close()
+    assert "short-lived" not in bus.schemas.current
+    assert bus.schemas.get("short-lived", 1) is None
+    async with bus.queue("short-lived") as again:  # a new queue of that name: no schema
+        assert await again.schema() is None
+        await again.push({"anything": "goes"})
