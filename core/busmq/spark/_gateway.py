@@ -18,7 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+from grpc_status import rpc_status
 
+from ..errors import BusError
+from ..federation.errors import from_status, status_info
 from ..federation.settings import FederationTarget, grpc_address
 from ..message import PayloadKind
 from ..v1 import queue_service_pb2 as pb
@@ -202,8 +205,23 @@ class Gateway:
         try:
             response = stub.Push(request, metadata=self.metadata, timeout=CALL_TIMEOUT)
         except grpc.RpcError as exc:
+            refused = schema_refusal(exc, queue, self.url)
+            if refused is not None:
+                raise refused from None
             raise RuntimeError(
                 f"busmq push to {queue!r} through {self.url}: {exc.code().name}: {exc.details()}"
             ) from None
         first = int(response.ids[0]) if response.ids else 0
         return first, bool(response.duplicate)
+
+
+def schema_refusal(error: grpc.RpcError, queue: str, url: str) -> BusError | None:
+    """The :class:`~busmq.schemas.SchemaError` (with its violations) of a push the gateway
+    refused for the queue's schema, else ``None``."""
+    try:
+        status = rpc_status.from_call(error)
+    except ValueError:  # an inconsistent rich status: not one of the gateway's
+        return None
+    if status is None or status_info(status)[0] != "SCHEMA":
+        return None
+    return from_status(status, queue=queue, target=url)

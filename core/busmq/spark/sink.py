@@ -18,6 +18,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, MapType, StringType, StructType
 
+from ..schemas import SchemaError, Violation
 from . import _core
 from ._core import OptionError
 from ._gateway import Gateway
@@ -135,7 +136,11 @@ def _write_task(config: WriteConfig, rows: Iterator[Any]) -> PushCommit:
         def flush() -> None:
             nonlocal flat, count, index
             request_id, producer = numbering(index)
-            _, duplicate = push(flat, request_id, producer)
+            try:
+                _, duplicate = push(flat, request_id, producer)
+            except SchemaError as exc:
+                partition = context.partitionId() if context else 0
+                raise RowsRefused(exc, partition, seen - count, flat[::3]) from None
             if duplicate:
                 result.duplicates += 1
             else:
@@ -157,6 +162,37 @@ def _write_task(config: WriteConfig, rows: Iterator[Any]) -> PushCommit:
         if count:
             flush()
     return result
+
+
+class RowsRefused(SchemaError):
+    """A write task's batch refused by the queue's schema (none of it was stored), naming
+    the rows of the task's partition that do not fit, numbered from 0."""
+
+    def __init__(
+        self, refused: SchemaError, partition: int, first_row: int, payloads: list[bytes | str]
+    ) -> None:
+        rows = [
+            Violation(first_row + v.index, v.pointer, v.rule, v.message) for v in refused.violations
+        ]
+        super().__init__(refused.queue, refused.version, rows)
+        self.partition = partition
+        named = "; ".join(
+            f"row {v.index} {_preview(payloads[v.index - first_row])} at {v.pointer or '/'}: "
+            f"{v.message} ({v.rule})"
+            for v in rows[:3]
+        )
+        more = f" (and {len(rows) - 3} more)" if len(rows) > 3 else ""
+        last = first_row + len(payloads) - 1
+        self.args = (
+            f"busmq writer, partition {partition}: queue {refused.queue!r} schema version "
+            f"{refused.version} refused {named}{more}; rows {first_row} to {last} of the "
+            "partition were not stored",
+        )
+
+
+def _preview(payload: bytes | str, limit: int = 80) -> str:
+    text = payload.decode("utf-8", "replace") if isinstance(payload, bytes) else payload
+    return repr(text if len(text) <= limit else text[:limit] + "...")
 
 
 Push = Callable[[list[bytes | str], str, tuple[str, int] | None], tuple[int, bool]]
