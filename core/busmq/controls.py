@@ -275,13 +275,13 @@ async def requeue_dead(queue: QueueStore, ids: list[int] | None, limit: int) -> 
     """Move dead letters back (see ``requeue.lua``). With a schema, only those that fit
     its current version go back; the others stay dead."""
     for attempt in range(SCHEMA_ATTEMPTS):
-        version = queue.bus.schemas.current.get(queue.name)
+        token = queue.bus.schemas.current.get(queue.name)
         listed = ids or []
-        if version is not None:
-            listed = await fitting_dead_letters(queue, version, ids, limit)
+        if token is not None:
+            token, listed = await fitting_dead_letters(queue, token, ids, limit)
             if not listed:
                 return []
-        args: list[str | int] = [limit, "" if version is None else version, *listed]
+        args: list[str | int] = [limit, "" if token is None else token, *listed]
         try:
             reply: list[int] = await queue.run(
                 functools.partial(_requeue, queue=queue, args=args), idempotent=False

@@ -104,7 +104,7 @@ class Queue(QueueAPI[Never, Consumer]):
         current = await queue_schema.current(self.store)
         if current is None:
             return None
-        compiled = await queue_schema.compiled(self.store, current.version)
+        compiled = await queue_schema.compiled(self.store, current.token)
         return current.version, compiled.violations(payloads)
 
     async def remove_schema(self) -> None:

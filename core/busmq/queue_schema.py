@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import redis.asyncio as aioredis
 
@@ -27,6 +27,7 @@ from .schemas import (
     SchemaVersion,
     from_stored,
     to_stored,
+    token_version,
 )
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ async def versions(queue: QueueStore) -> tuple[int | None, Compatibility, list[S
         stored = await queue.run(lambda c: c.hmget(queue.keys.info, fields), idempotent=True)
         found = [_version(v, raw) for v, raw in enumerate(stored, start=1) if raw is not None]
     return (
-        None if current is None else int(current),
+        None if current is None else token_version(_text(current)),
         Compatibility(_text(mode)) if mode else Compatibility.BACKWARD,
         found,
     )
@@ -92,15 +93,17 @@ async def set_schema(
             raise SchemaCompatibilityError(queue.name, mode, against, breaks)
         created = int(time.time() * 1000)
         stored = json.dumps({**to_stored(schema), "created_ms": created}, sort_keys=True)
-        args = ["set", len(found), stored, "" if compatibility is None else str(compatibility)]
+        mode_arg = "" if compatibility is None else str(compatibility)
+        args = ["set", len(found), stored, mode_arg, created]
         try:
             version = int(await queue.script("schema", [queue.keys.info], args))
         except RedisCommandError as exc:
             if str(exc).startswith("CONFLICT"):
                 continue  # another version was set meanwhile: check against it
             raise
-        queue.bus.schemas.current[queue.name] = version
-        return SchemaVersion(version, schema, created)
+        made = SchemaVersion(version, schema, created)
+        queue.bus.schemas.current[queue.name] = made.token
+        return made
     raise InvalidSchemaError(f"queue {queue.name!r}: schema versions kept changing; try again")
 
 
@@ -111,68 +114,78 @@ async def remove_schema(queue: QueueStore) -> None:
     queue.bus.schemas.current[queue.name] = None
 
 
-async def compiled(queue: QueueStore, version: int) -> Compiled:
-    """Version ``version``'s validator, compiled once per process."""
+async def compiled(queue: QueueStore, token: str) -> Compiled:
+    """The validator of the version ``token`` names, compiled once per process. If the
+    queue's version of that number is another (the queue was created again), that one:
+    its own token says so, and the push script refuses it if it is not current."""
     cache = queue.bus.schemas
-    found = cache.get(queue.name, version)
+    found = cache.get(queue.name, token)
     if found is None:
-        raw = await queue.run(lambda c: c.hget(queue.keys.info, f"sch:{version}"), idempotent=True)
+        number = token_version(token)
+        raw = await queue.run(lambda c: c.hget(queue.keys.info, f"sch:{number}"), idempotent=True)
         if raw is None:
-            raise InvalidSchemaError(f"queue {queue.name!r} has no schema version {version}")
-        found = Compiled(version, _version(version, raw).schema)
+            raise InvalidSchemaError(f"queue {queue.name!r} has no schema version {number}")
+        stored = _version(number, raw)
+        found = cache.get(queue.name, stored.token) or Compiled(number, stored.schema, stored.token)
         cache.put(queue.name, found)
     return found
 
 
+async def latest_token(queue: QueueStore) -> str | None:
+    """The token of the version the queue enforces now (``None``: none)."""
+    raw = await queue.run(lambda c: c.hget(queue.keys.info, "schema"), idempotent=True)
+    return None if raw is None else _text(raw)
+
+
 async def check(
     queue: QueueStore,
-    version: int | None,
+    token: str | None,
     payloads: Sequence[bytes],
     values: Sequence[Any] | None = None,
 ) -> str:
     """The push script's schema argument for ``payloads`` (decoded: ``values``, see
-    :meth:`Compiled.violations`) checked against ``version`` (``''``: no schema);
-    :class:`SchemaError` if any does not fit."""
-    if version is None:
+    :meth:`Compiled.violations`) checked against the version ``token`` names (``''``: no
+    schema); :class:`SchemaError` if any does not fit."""
+    if token is None:
         return ""
-    violations = (await compiled(queue, version)).violations(payloads, values)
+    found = await compiled(queue, token)
+    violations = found.violations(payloads, values)
     if not violations:
-        return str(version)
+        return found.token
     # Refused against what this process believed: make sure that is still the version
     # (another process may have set a laxer one, or removed it) before saying so.
-    raw = await queue.run(lambda c: c.hget(queue.keys.info, "schema"), idempotent=True)
-    latest = None if raw is None else int(raw)
+    latest = await latest_token(queue)
     queue.bus.schemas.current[queue.name] = latest
-    if latest == version:
-        raise SchemaError(queue.name, version, violations)
+    if latest == found.token:
+        raise SchemaError(queue.name, found.version, violations)
     return await check(queue, latest, payloads, values)
 
 
-def refused_version(exc: RedisCommandError) -> int | bool | None:
-    """The queue's current version from a push script's ``SCHEMA <n>`` refusal (``None``:
-    it has none), or ``False`` when ``exc`` is another error."""
+def refused_version(exc: RedisCommandError) -> str | Literal[False] | None:
+    """The token of the queue's current version from a script's ``SCHEMA <token>``
+    refusal (``None``: it has none), or ``False`` when ``exc`` is another error."""
     text = str(exc)
     if not text.startswith("SCHEMA"):
         return False
-    rest = text.removeprefix("SCHEMA").strip()
-    return int(rest) if rest else None
+    return text.removeprefix("SCHEMA").strip() or None
 
 
 def learn_schema(queue: QueueStore, exc: RedisCommandError) -> bool:
     """Whether ``exc`` is a script's refusal of messages checked against another schema
     version than the queue's (nothing was stored); if so, remember the queue's."""
-    version = refused_version(exc)
-    if version is False:
+    token = refused_version(exc)
+    if token is False:
         return False
-    queue.bus.schemas.current[queue.name] = version or None
+    queue.bus.schemas.current[queue.name] = token or None
     return True
 
 
 async def fitting_dead_letters(
-    queue: QueueStore, version: int, ids: Sequence[int] | None, limit: int
-) -> list[int]:
+    queue: QueueStore, token: str, ids: Sequence[int] | None, limit: int
+) -> tuple[str, list[int]]:
     """Of the dead letters a requeue names (``ids``, or the oldest ``limit``, or all), the
-    ids of those that fit schema ``version``; the others stay dead."""
+    ids of those that fit the version ``token`` names (and that version's token); the
+    others stay dead."""
     stream = QueueKeys(dead_letter_name(queue.name)).stream  # same hash tag, same shard
 
     async def listed(client: aioredis.Redis) -> list[Any]:
@@ -184,8 +197,8 @@ async def fitting_dead_letters(
         return found
 
     entries = await queue.run(listed, idempotent=True)
-    validator = await compiled(queue, version)
-    return [
+    validator = await compiled(queue, token)
+    return validator.token, [
         int(entry_id.split(b"-")[0])
         for entry_id, fields in entries
         if not validator.violations([fields.get(b"p", b"")])

@@ -161,6 +161,21 @@ class SchemaVersion:
     schema: Schema
     created_ms: int
 
+    @property
+    def token(self) -> str:
+        """What names this version of this queue for the push script (see
+        :class:`ValidatorCache`)."""
+        return version_token(self.version, self.created_ms)
+
+
+def version_token(version: int, created_ms: int) -> str:
+    return f"{version}:{created_ms}"
+
+
+def token_version(token: str) -> int:
+    """The version number of a token."""
+    return int(token.split(":", 1)[0])
+
 
 @dataclass(frozen=True)
 class Violation:
@@ -211,10 +226,11 @@ UNPARSED: Any = object()
 class Compiled:
     """A version's validator, compiled once per process."""
 
-    __slots__ = ("protobuf", "validator", "version")
+    __slots__ = ("protobuf", "token", "validator", "version")
 
-    def __init__(self, version: int, schema: Schema) -> None:
+    def __init__(self, version: int, schema: Schema, token: str = "") -> None:
         self.version = version
+        self.token = token or str(version)
         self.protobuf: CompiledProtobuf | None = None
         self.validator: Any = None
         if isinstance(schema, ProtobufSchema):
@@ -263,25 +279,29 @@ def _escape(part: str | int) -> str:
 
 
 class ValidatorCache:
-    """Compiled validators by (queue, version), least recently used dropped first, and
-    each queue's version as this process last learned it from Redis (``None``: no
-    schema). Redis stays the authority: a push checked against a stale belief is refused
-    by the script and retried (see the module's docstring)."""
+    """Compiled validators by (queue, version token), least recently used dropped first,
+    and each queue's version token as this process last learned it from Redis
+    (``None``: no schema). Redis stays the authority: a push checked against a stale
+    belief is refused by the script and retried (see the module's docstring).
+
+    A token is ``<version>:<created ms>``, not the version alone: a queue closed and
+    created again numbers its versions from 1 again, and another process's version 1
+    of the old queue must not pass for the new one's."""
 
     def __init__(self, size: int = 256) -> None:
         self._size = size
-        self._compiled: OrderedDict[tuple[str, int], Compiled] = OrderedDict()
-        self.current: dict[str, int | None] = {}
+        self._compiled: OrderedDict[tuple[str, str], Compiled] = OrderedDict()
+        self.current: dict[str, str | None] = {}
 
-    def get(self, queue: str, version: int) -> Compiled | None:
-        compiled = self._compiled.get((queue, version))
+    def get(self, queue: str, token: str) -> Compiled | None:
+        compiled = self._compiled.get((queue, token))
         if compiled is not None:
-            self._compiled.move_to_end((queue, version))
+            self._compiled.move_to_end((queue, token))
         return compiled
 
     def put(self, queue: str, compiled: Compiled) -> None:
-        self._compiled[(queue, compiled.version)] = compiled
-        self._compiled.move_to_end((queue, compiled.version))
+        self._compiled[(queue, compiled.token)] = compiled
+        self._compiled.move_to_end((queue, compiled.token))
         while len(self._compiled) > self._size:
             self._compiled.popitem(last=False)
 

@@ -211,11 +211,34 @@ async def test_closing_the_queue_drops_its_versions_and_validators(bus: Bus) -> 
     await orders.attach()
     await orders.set_schema(ORDER)
     await orders.push(GOOD)
-    assert bus.schemas.current["short-lived"] == 1
-    assert bus.schemas.get("short-lived", 1) is not None
+    token = bus.schemas.current["short-lived"]
+    assert token is not None and token.startswith("1:")
+    assert bus.schemas.get("short-lived", token) is not None
     await orders.close()
     assert "short-lived" not in bus.schemas.current
-    assert bus.schemas.get("short-lived", 1) is None
+    assert bus.schemas.get("short-lived", token) is None
     async with bus.queue("short-lived") as again:  # a new queue of that name: no schema
         assert await again.schema() is None
         await again.push({"anything": "goes"})
+
+
+async def test_a_queue_made_again_elsewhere_is_not_checked_against_the_old_ones_version(
+    redis_server: RedisServer, make_bus: Callable[..., Any]
+) -> None:
+    """Both queues number their first version 1: a process that compiled the old
+    queue's version 1 must not take it for the new queue's."""
+    here: Bus = await make_bus([redis_server.url])
+    elsewhere: Bus = await make_bus([redis_server.url])
+    mine = here.queue("reborn")
+    await mine.attach()
+    await mine.set_schema(JsonSchema({"type": "object", "required": ["old"]}))
+    await mine.push({"old": 1})  # `here` compiled version 1 and believes it current
+    theirs = elsewhere.queue("reborn")
+    await theirs.close()
+    await theirs.attach()
+    await theirs.set_schema(JsonSchema({"type": "object", "required": ["new"]}))
+    with pytest.raises(SchemaError) as refused:
+        await mine.push({"old": 2})  # fits the old version 1, not the new one
+    assert refused.value.violations[0].message == '"new" is a required property'
+    await mine.push({"new": 1})
+    assert [m.data async for m in theirs.browse()] == [{"new": 1}]

@@ -291,7 +291,7 @@ class RemoteQueueBackend:
         self.require_open()
         if not encoded:
             return PushResult([], False)
-        self.schema.check([m.payload for m in encoded])  # before the link or the outbox
+        await self.schema.check([m.payload for m in encoded], self.call)  # before the outbox
         request = pb.PushRequest(
             queue=self.name,
             messages=outgoing(encoded),

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..errors import BusError
 from ..protobuf_schema import ProtobufSchema
-from ..schemas import Compiled, JsonSchema, Schema, SchemaError
+from ..schemas import Compiled, JsonSchema, Schema, SchemaError, version_token
 from ..v1 import queue_service_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -38,16 +38,20 @@ class RemoteSchema:
         current = next((v for v in reply.versions if v.version == reply.current_version), None)
         if current is None:
             self.compiled = None
-        elif self.compiled is None or self.compiled.version != current.version:
-            self.compiled = Compiled(current.version, schema_of(current))
-
-    def check(self, payloads: Sequence[bytes]) -> None:
-        """:class:`SchemaError` if a payload does not fit the cached version."""
-        compiled = self.compiled
-        if compiled is None:
             return
-        violations = compiled.violations(payloads)
-        if violations:
+        token = version_token(current.version, current.create_time.ToMilliseconds())
+        if self.compiled is None or self.compiled.token != token:  # (a queue made again)
+            self.compiled = Compiled(current.version, schema_of(current), token)
+
+    async def check(self, payloads: Sequence[bytes], call: Call) -> None:
+        """:class:`SchemaError` if a payload does not fit the queue's version: the cached
+        one, fetched again before refusing (another may have replaced it)."""
+        if self.compiled is None or not self.compiled.violations(payloads):
+            return
+        await self.refresh(call)
+        compiled = self.compiled
+        violations = [] if compiled is None else compiled.violations(payloads)
+        if compiled is not None and violations:
             raise SchemaError(self.queue, compiled.version, violations)
 
 

@@ -1,8 +1,8 @@
 -- Storing messages: the checks and the writes of push.lua, shared with forward.lua.
 -- A push's arguments start after ARGV[o]: dedupe_ms, notify channel, due (Unix ms, '+ms'
 -- from now by Redis's clock, '' now), expires (the same; '' never), the stride (1 or 3),
--- the producer ('' or "<epoch> <sequence> <name>"), the schema version the messages were
--- checked against ('' none: see busmq/schemas.py), then per message its payload alone
+-- the producer ('' or "<epoch> <sequence> <name>"), the token of the schema version the
+-- messages were checked against ('' none: see busmq/schemas.py), then per message its payload alone
 -- (plain bytes, no headers) or (payload, kind, headers). An entry has no 'k' field when
 -- its kind is plain bytes; it has 'sv' (the schema version) when there is one.
 -- A message due later keeps its id and waits in `delayed` until a read promotes it; in a
@@ -60,7 +60,7 @@ local function push_write(info, stream, due_key, delayed, conf, n, o)
     redis.call('HSET', info, 'later', 1)
   end
   local start = o + 8
-  local version = ARGV[o + 7]
+  local version = string.match(ARGV[o + 7], '^(%d+)') or '' -- of the token '<n>:<ms>'
   local function message(i)
     local base = start + i * stride
     if stride == 1 then return ARGV[base], 'b', '' end

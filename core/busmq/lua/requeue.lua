@@ -1,8 +1,8 @@
 -- Move dead letters back to their queue, as new messages (new ids, at the end: the
 -- consumer group has moved past their old positions). Their headers lose the
 -- busmq-dead-* entries and gain busmq-requeued-id (the id they had in the queue).
--- KEYS: QueueKeys.with_dead_letters() of the queue. ARGV: limit (0: none), the schema
--- version the listed ids were checked against ('' none: refused with SCHEMA <current>
+-- KEYS: QueueKeys.with_dead_letters() of the queue. ARGV: limit (0: none), the token of
+-- the schema version the listed ids were checked against ('' none: refused with SCHEMA <current>
 -- when the queue has one, as a push is), then the dead-letter ids to move (none: every
 -- one, oldest first, up to limit).
 -- Returns the ids the messages have in the queue now.
@@ -40,7 +40,7 @@ for _, entry in ipairs(entries) do
   local id = redis.call('HINCRBY', q.info, 'seq', 1)
   local args = {'XADD', q.stream, id .. '-0', 'p', field(entry[2], 'p') or '', 'k',
     field(entry[2], 'k') or 'b', 't', now, 'h', encoded}
-  if version ~= '' then args[#args + 1] = 'sv'; args[#args + 1] = version end
+  if version ~= '' then args[#args + 1] = 'sv'; args[#args + 1] = string.match(version, '^(%d+)') end
   redis.call(unpack(args))
   redis.call('XACK', dq.stream, GROUP, entry[1])
   redis.call('XDEL', dq.stream, entry[1])

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..cluster import sync_cluster_client
 from ..keys import QueueKeys, validate_name
 from ..message import F_HEADERS, F_KIND, F_PAYLOAD, F_TIME, PayloadKind
-from ..schemas import Compiled, SchemaError, from_stored
+from ..schemas import Compiled, SchemaError, from_stored, token_version
 from ..scripts import script_source
 from ..sentinel import sync_master_client
 from ..settings import mask_url
@@ -423,7 +423,7 @@ def push(
     return int(reply[0]), bool(reply[1])
 
 
-_compiled: dict[tuple[str, int], Compiled] = {}
+_compiled: dict[tuple[str, str], Compiled] = {}
 
 
 def _checked(c: redis.Redis, name: str, version: Any, flat: list[bytes | str]) -> str:
@@ -432,17 +432,18 @@ def _checked(c: redis.Redis, name: str, version: Any, flat: list[bytes | str]) -
     the batch that do not fit."""
     if version is None:
         return ""
-    number = int(version)
-    compiled = _compiled.get((name, number))
+    token = version.decode() if isinstance(version, bytes) else str(version)
+    compiled = _compiled.get((name, token))
     if compiled is None:
+        number = token_version(token)
         stored = json.loads(c.hget(QueueKeys(name).info, f"sch:{number}") or "{}")
-        compiled = Compiled(number, from_stored(stored))
-        _compiled[(name, number)] = compiled
+        compiled = Compiled(number, from_stored(stored), token)
+        _compiled[(name, token)] = compiled
     payloads = [p if isinstance(p, bytes) else p.encode() for p in flat[::3]]
     violations = compiled.violations(payloads)
     if violations:
-        raise SchemaError(name, number, violations)
-    return str(number)
+        raise SchemaError(name, compiled.version, violations)
+    return token
 
 
 def encode_row(
