@@ -273,15 +273,21 @@ async def _requeue(client: aioredis.Redis, queue: QueueStore, args: list[str | i
 
 async def requeue_dead(queue: QueueStore, ids: list[int] | None, limit: int) -> list[int]:
     """Move dead letters back (see ``requeue.lua``). With a schema, only those that fit
-    its current version go back; the others stay dead."""
+    its current version go back; the others stay dead, with reason ``schema`` and the
+    violation in ``busmq-dead-error`` (under a new dead-letter id, as a message that died
+    again)."""
     for attempt in range(SCHEMA_ATTEMPTS):
         token = queue.bus.schemas.current.get(queue.name)
         listed = ids or []
+        refused: list[tuple[int, str]] = []
         if token is not None:
-            token, listed = await fitting_dead_letters(queue, token, ids, limit)
-            if not listed:
+            token, listed, refused = await fitting_dead_letters(queue, token, ids, limit)
+            if not listed and not refused:
                 return []
-        args: list[str | int] = [limit, "" if token is None else token, *listed]
+        args: list[str | int] = [limit, "" if token is None else token, len(refused)]
+        for dead_id, why in refused:
+            args += [dead_id, why[:MAX_ERROR_TEXT]]
+        args += listed
         try:
             reply: list[int] = await queue.run(
                 functools.partial(_requeue, queue=queue, args=args), idempotent=False

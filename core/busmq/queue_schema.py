@@ -182,10 +182,10 @@ def learn_schema(queue: QueueStore, exc: RedisCommandError) -> bool:
 
 async def fitting_dead_letters(
     queue: QueueStore, token: str, ids: Sequence[int] | None, limit: int
-) -> tuple[str, list[int]]:
-    """Of the dead letters a requeue names (``ids``, or the oldest ``limit``, or all), the
-    ids of those that fit the version ``token`` names (and that version's token); the
-    others stay dead."""
+) -> tuple[str, list[int], list[tuple[int, str]]]:
+    """Of the dead letters a requeue names (``ids``, or the oldest ``limit``, or all):
+    the token of the version ``token`` names, the ids of those that fit it, and the ids
+    of those that do not, each with why (they stay dead, for that reason)."""
     stream = QueueKeys(dead_letter_name(queue.name)).stream  # same hash tag, same shard
 
     async def listed(client: aioredis.Redis) -> list[Any]:
@@ -198,11 +198,23 @@ async def fitting_dead_letters(
 
     entries = await queue.run(listed, idempotent=True)
     validator = await compiled(queue, token)
-    return validator.token, [
-        int(entry_id.split(b"-")[0])
-        for entry_id, fields in entries
-        if not validator.violations([fields.get(b"p", b"")])
-    ]
+    fitting: list[int] = []
+    refused: list[tuple[int, str]] = []
+    for entry_id, fields in entries:
+        dead_id = int(entry_id.split(b"-")[0])
+        violations = validator.violations([fields.get(b"p", b"")])
+        if not violations:
+            fitting.append(dead_id)
+            continue
+        first = violations[0]
+        refused.append(
+            (
+                dead_id,
+                f"schema version {validator.version}: at {first.pointer or '/'}: "
+                f"{first.message} ({first.rule})",
+            )
+        )
+    return validator.token, fitting, refused
 
 
 def _version(number: int, raw: Any) -> SchemaVersion:

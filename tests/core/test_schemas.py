@@ -202,8 +202,20 @@ async def test_a_requeued_dead_letter_must_fit_the_current_schema(bus: Bus) -> N
         assert len(requeued) == 1  # the one that fits; the other stays dead
         back = [m async for m in orders.browse()]
         assert [(m.data, m.schema_version) for m in back] == [(GOOD, 1)]
-        assert [m.data async for m in orders.dead_letters().browse()] == [{"id": "o-2"}]
+        (dead,) = [m async for m in orders.dead_letters().browse()]
+        # It stays dead for the schema now, saying what does not fit.
+        assert dead.data == {"id": "o-2"}
+        assert dead.headers["busmq-dead-reason"] == "schema"
+        assert dead.headers["busmq-dead-error"].startswith("schema version 1: at /: ")
+        assert "required" in dead.headers["busmq-dead-error"]
+        assert dead.headers["busmq-dead-queue"] == "orders"  # the rest of its story is kept
+        assert "downstream was down" not in dead.headers["busmq-dead-error"]
         assert await orders.requeue_dead() == []
+        assert await orders.requeue_dead([dead.id]) == []
+        assert [m.data async for m in orders.dead_letters().browse()] == [{"id": "o-2"}]
+        await orders.remove_schema()  # without a schema it goes back as it is
+        assert len(await orders.requeue_dead()) == 1
+        assert [m.data async for m in orders.browse()] == [GOOD, {"id": "o-2"}]
 
 
 async def test_closing_the_queue_drops_its_versions_and_validators(bus: Bus) -> None:
