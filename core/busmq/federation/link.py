@@ -72,6 +72,7 @@ log = logging.getLogger(__name__)
 PROBE_QUEUE = "busmq.federation.probe"
 MAX_GRPC_MESSAGE = 64 * 1024 * 1024
 RETIRE_MARGIN = 1.0  # seconds a retired pool outlives the deadlines of its calls
+DEADLINE_GUARD = 1.0  # seconds past a unary call's deadline before it is cancelled here
 
 
 class LinkState(enum.Enum):
@@ -285,11 +286,30 @@ class Link:
         """One unary call of service ``kind`` (see :meth:`stub`) with the link's
         credentials and operation timeout; ``wait``: wait for a connected channel within
         it (``wait_for_ready``) rather than fail fast. A failure is reported to the link
-        and raised as the ``grpc.aio.AioRpcError``, for the caller to map."""
+        and raised as the ``grpc.aio.AioRpcError``, for the caller to map.
+
+        The call's own deadline is not relied on alone: with a retry policy (the calls of
+        :mod:`.retries`), gRPC's C core can leave a call hanging past its deadline when
+        a retry's timer races it (grpc/grpc#41036, seen here behind a balancer while a
+        gateway restarts: an ack that never returned stopped a consumer's loop). A call
+        not over ``DEADLINE_GUARD`` seconds after its deadline is cancelled and fails
+        ``DEADLINE_EXCEEDED`` like one the deadline ended."""
+        call = getattr(self.stub(kind), method)(
+            request, metadata=self.metadata, timeout=self.operation_timeout, wait_for_ready=wait
+        )
         try:
-            return await getattr(self.stub(kind), method)(
-                request, metadata=self.metadata, timeout=self.operation_timeout, wait_for_ready=wait
+            async with asyncio.timeout(self.operation_timeout + DEADLINE_GUARD):
+                return await call
+        except TimeoutError:
+            call.cancel()
+            exc = grpc.aio.AioRpcError(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                grpc.aio.Metadata(),
+                grpc.aio.Metadata(),
+                f"{method}: no answer within {self.operation_timeout:g} s",
             )
+            self.report(exc)
+            raise exc from None
         except grpc.aio.AioRpcError as exc:
             self.report(exc)
             raise
