@@ -7,11 +7,16 @@
    dicts, so JSON-encoded by the push: a check then validates the values it was given) and
    ``--consumers`` consumers, on a queue with that schema and on one without, rounds
    interleaved (medians): msg/s and the ratio (``core_bench.py --modes schema`` runs this).
+3. **Through a gateway** (``--gateway``): the same flood through a ``busmq-gateway``
+   process of its own, the orders pushed as JSON payloads with unary ``Push`` calls by
+   four producers and read over an at-most-once ``Consume`` stream; the gateway checks
+   each push against the queue's schema.
 
 Usage::
 
     .venv/bin/python bench/schema_bench.py
     .venv/bin/python bench/schema_bench.py --seconds 3 --rounds 1
+    .venv/bin/python bench/schema_bench.py --gateway
 """
 
 from __future__ import annotations
@@ -157,6 +162,97 @@ async def flood(bus: Bus, args: argparse.Namespace, checked: bool, tag: str) -> 
     return rate
 
 
+async def gateway_flood(
+    stub: Any, bus: Bus, args: argparse.Namespace, checked: bool, tag: str
+) -> float:
+    """The flood above through the gateway ``stub`` calls; the queue made and its schema
+    set on ``bus`` (the gateway's Redis)."""
+    from busmq.v1 import queue_service_pb2 as pb  # here: ab.py runs older trees
+    from busmq.v1 import types_pb2
+
+    name = f"gw-schema-{int(checked)}-{tag}"
+    queue = bus.queue(name)
+    await queue.attach()
+    if checked:
+        from busmq import JsonSchema
+
+        await queue.set_schema(JsonSchema(ORDER))
+    json_kind = types_pb2.PAYLOAD_KIND_JSON
+    request = pb.PushRequest(
+        queue=name,
+        messages=[types_pb2.OutgoingMessage(payload=o, kind=json_kind) for o in orders(args.batch)],
+    )
+    consumed = 0
+    pushed = [0]
+
+    async def produce() -> None:
+        while True:
+            if consumed + 20_000 < pushed[0]:
+                await asyncio.sleep(0.001)  # a bounded backlog
+                continue
+            pushed[0] += args.batch
+            await stub.Push(request, metadata=GATEWAY_AUTH)
+
+    async def consume() -> None:
+        nonlocal consumed
+        call = stub.Consume(
+            pb.ConsumeRequest(
+                queue=name,
+                mode=types_pb2.CONSUME_MODE_AT_MOST_ONCE,
+                prefetch=args.batch,
+                batch=True,
+            ),
+            metadata=GATEWAY_AUTH,
+        )
+        async for response in call:
+            consumed += len(response.batch.deliveries) + response.HasField("delivery")
+
+    tasks = [asyncio.create_task(produce()) for _ in range(4)]
+    tasks += [asyncio.create_task(consume()) for _ in range(args.consumers)]
+    await asyncio.sleep(args.warmup)
+    start, before = time.perf_counter(), consumed
+    await asyncio.sleep(args.seconds)
+    rate = (consumed - before) / (time.perf_counter() - start)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await queue.close()
+    return rate
+
+
+GATEWAY_SECRET = "bench-secret-0123456789"
+GATEWAY_AUTH = (("authorization", f"Bearer {GATEWAY_SECRET}"),)
+
+
+async def run_gateway(url: str, args: argparse.Namespace) -> str:
+    import grpc
+
+    from busmq.v1 import queue_service_pb2_grpc
+    from gateway_bench import start_gateway
+
+    process, target = await start_gateway(url)
+    rates: dict[bool, list[float]] = {False: [], True: []}
+    try:
+        async with (
+            Bus(BusSettings(redis_urls=(url,))) as bus,
+            grpc.aio.insecure_channel(target) as channel,
+        ):
+            stub = queue_service_pb2_grpc.QueueServiceStub(channel)
+            for round_ in range(args.rounds):
+                for checked in (False, True):
+                    rate = await gateway_flood(stub, bus, args, checked, str(round_))
+                    rates[checked].append(rate)
+    finally:
+        process.terminate()
+        await process.wait()
+    plain, checked = (statistics.median(rates[c]) for c in (False, True))
+    return (
+        f"through a gateway (unary Push of {args.batch} JSON orders, 4 producers, "
+        f"{args.consumers} Consume stream(s)), medians of {args.rounds}: no schema "
+        f"{plain:,.0f} msg/s, with the schema {checked:,.0f} msg/s, {checked / plain:.2f}x"
+    )
+
+
 async def run(url: str, args: argparse.Namespace) -> str:
     rates: dict[bool, list[float]] = {False: [], True: []}
     async with Bus(BusSettings(redis_urls=(url,))) as bus:
@@ -186,10 +282,13 @@ async def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--seconds", type=float, default=5.0)
     p.add_argument("--warmup", type=float, default=1.0)
     p.add_argument("--batch", type=int, default=100)
+    p.add_argument("--gateway", action="store_true", help="also through a gateway")
     add_arguments(p)
     args = p.parse_args(argv)
     with local_redis() as server:
         print(await run(server.url, args))
+        if args.gateway:
+            print(await run_gateway(server.url, args))
 
 
 if __name__ == "__main__":
