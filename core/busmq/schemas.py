@@ -30,6 +30,7 @@ from enum import StrEnum
 from typing import Any
 
 import jsonschema_rs
+import orjson
 
 from .errors import InvalidMessageError, InvalidSchemaError
 from .protobuf_schema import CompiledProtobuf, ProtobufSchema
@@ -259,7 +260,7 @@ class Compiled:
             instance = UNPARSED if values is None else values[index]
             if instance is UNPARSED:
                 try:
-                    instance = json.loads(payload)
+                    instance = _parse(payload)
                 except ValueError as exc:
                     found.append(Violation(index, "", "json", f"not JSON: {exc}"))
                     continue
@@ -272,6 +273,17 @@ class Compiled:
                 if len(found) >= MAX_VIOLATIONS:
                     return found
         return found
+
+
+def _parse(payload: bytes) -> Any:
+    """A payload's JSON value: orjson (1.3 us for a 10-field order against json's 5.7,
+    measured in one run; parsing was most of a check's cost), and json's reading where
+    orjson refuses what json (and so a consumer's ``delivery.data``) reads: NaN,
+    Infinity, lone surrogates. orjson reads an integer beyond 64 bits as a double."""
+    try:
+        return orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return json.loads(payload)
 
 
 def _escape(part: str | int) -> str:

@@ -22,6 +22,7 @@ from busmq import (
     SchemaError,
 )
 from busmq.message import EncodedMessage, PayloadKind
+from busmq.schemas import Compiled
 from busmq.spark import _core as spark_core
 from tests.support.redis_server import RedisServer
 from tests.support.waiting import take
@@ -254,3 +255,14 @@ async def test_a_queue_made_again_elsewhere_is_not_checked_against_the_old_ones_
     assert refused.value.violations[0].message == '"new" is a required property'
     await mine.push({"new": 1})
     assert [m.data async for m in theirs.browse()] == [{"new": 1}]
+
+
+def test_a_payload_is_read_as_json_reads_it() -> None:
+    """Payloads are parsed by orjson, with json's reading where orjson refuses what json
+    (and so a consumer's ``delivery.data``) reads."""
+    compiled = Compiled(1, JsonSchema({"type": "object", "required": ["qty"]}))
+    assert compiled.violations([b'{"qty": 2}', b'{"qty": NaN}', b'{"qty": Infinity}']) == []
+    (bad,) = compiled.violations([b'{"qty": 2'])
+    assert (bad.index, bad.rule) == (0, "json") and bad.message.startswith("not JSON")
+    (missing,) = compiled.violations([b"{}"])
+    assert missing.rule == "required"
