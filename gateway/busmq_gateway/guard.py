@@ -48,18 +48,28 @@ class Guard:
         registrations: list[tuple[Callable[[Any, Any], None], Any]],
     ) -> None:
         """Register each ``(add_XServicer_to_server, servicer)`` on ``server``, guarded."""
+        for service, guarded in self.guarded(registrations).items():
+            server.add_generic_rpc_handlers(
+                (grpc.method_handlers_generic_handler(service, guarded),)
+            )
+            server.add_registered_method_handlers(service, guarded)
+
+    def guarded(
+        self, registrations: list[tuple[Callable[[Any, Any], None], Any]]
+    ) -> dict[str, dict[str, grpc.RpcMethodHandler]]:
+        """The method handlers of each ``(add_XServicer_to_server, servicer)``, guarded,
+        by service and method name (what :meth:`add_services` registers; servicer tests
+        run them without a server)."""
+        found: dict[str, dict[str, grpc.RpcMethodHandler]] = {}
         for add, servicer in registrations:
             collector = _Collector()
             add(servicer, collector)
             for service, handlers in collector.services.items():
-                guarded = {
+                found[service] = {
                     name: self._wrap(f"/{service}/{name}", handler)
                     for name, handler in handlers.items()
                 }
-                server.add_generic_rpc_handlers(
-                    (grpc.method_handlers_generic_handler(service, guarded),)
-                )
-                server.add_registered_method_handlers(service, guarded)
+        return found
 
     async def _admit(
         self, method: str, request: Any, context: grpc.aio.ServicerContext

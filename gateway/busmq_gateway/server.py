@@ -6,7 +6,8 @@ import asyncio
 import logging
 import os
 import signal
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -142,6 +143,22 @@ class Gateway:
             ("grpc.server.max_pending_requests_hard_limit", 100_000),
         ]
 
+    def registrations(self) -> list[tuple[Callable[[Any, Any], None], Any]]:
+        """The busmq services' ``add_*_to_server`` functions and their servicers."""
+        return [
+            (queue_service_pb2_grpc.add_QueueServiceServicer_to_server, self.queues),
+            (channel_service_pb2_grpc.add_ChannelServiceServicer_to_server, self.channels),
+            (
+                persistable_service_pb2_grpc.add_PersistableServiceServicer_to_server,
+                self.persistables,
+            ),
+            (request_service_pb2_grpc.add_RequestServiceServicer_to_server, self.requests),
+        ]
+
+    def guard(self) -> Guard:
+        """What admits, checks and counts every call of :meth:`registrations`."""
+        return Guard(self.access, self.malformed, self.rpc_metrics, self._draining)
+
     async def start(self) -> None:
         if self._own_bus:
             # Before gRPC starts its threads: the embedded Redis is a forked child.
@@ -151,18 +168,7 @@ class Gateway:
         interceptors = [AuthInterceptor(self.access)] if self.settings.authenticated else []
         self.server = grpc.aio.server(interceptors=interceptors, options=self._options())
         self.bus.events.on(self._on_bus_event)
-        Guard(self.access, self.malformed, self.rpc_metrics, self._draining).add_services(
-            self.server,
-            [
-                (queue_service_pb2_grpc.add_QueueServiceServicer_to_server, self.queues),
-                (channel_service_pb2_grpc.add_ChannelServiceServicer_to_server, self.channels),
-                (
-                    persistable_service_pb2_grpc.add_PersistableServiceServicer_to_server,
-                    self.persistables,
-                ),
-                (request_service_pb2_grpc.add_RequestServiceServicer_to_server, self.requests),
-            ],
-        )
+        self.guard().add_services(self.server, self.registrations())
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self.server)
         reflection.enable_server_reflection(
             (*SERVICES, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
