@@ -402,3 +402,76 @@ async def test_the_auth_interceptor_guards_what_the_guard_does_not_see(
             await anext(found.stream_stream(iter(()), context))
         assert context.code is grpc.StatusCode.UNAUTHENTICATED
         assert context.details == "missing or invalid credentials"
+
+
+TEXT = types_pb2.PAYLOAD_KIND_TEXT
+JSON = types_pb2.PAYLOAD_KIND_JSON
+
+
+def text(value: str) -> types_pb2.OutgoingMessage:
+    return types_pb2.OutgoingMessage(payload=value.encode(), kind=TEXT)
+
+
+@pytest.mark.parametrize(
+    ("request_", "code", "reason"),
+    [
+        (
+            pb.PushRequest(queue="bad name", messages=[text("x")]),
+            "INVALID_ARGUMENT",
+            "INVALID_NAME",
+        ),
+        (pb.PushRequest(queue="missing", messages=[text("x")]), "NOT_FOUND", "QUEUE_NOT_FOUND"),
+        (pb.PushRequest(queue="present", messages=[]), "INVALID_ARGUMENT", "INVALID_ARGUMENT"),
+        (
+            pb.PushRequest(
+                queue="present", messages=[types_pb2.OutgoingMessage(payload=b"{", kind=JSON)]
+            ),
+            "INVALID_ARGUMENT",
+            "INVALID_MESSAGE",
+        ),
+        (
+            pb.PushRequest(
+                queue="present", messages=[types_pb2.OutgoingMessage(payload=b"\xff", kind=TEXT)]
+            ),
+            "INVALID_ARGUMENT",
+            "INVALID_MESSAGE",
+        ),
+        (
+            pb.PushRequest(
+                queue="present", messages=[types_pb2.OutgoingMessage(payload=b"x" * 70_000)]
+            ),
+            "RESOURCE_EXHAUSTED",
+            "MESSAGE_TOO_LARGE",
+        ),
+        (
+            pb.PushRequest(queue="present", messages=[text("x")], producer_sequence=3),
+            "INVALID_ARGUMENT",
+            "INVALID_ARGUMENT",
+        ),
+        (
+            pb.PushRequest(queue="present", messages=[text("x")], producer="bad name"),
+            "INVALID_ARGUMENT",
+            "INVALID_NAME",
+        ),
+        (
+            pb.PushRequest(
+                queue="present", messages=[text("x")], producer="etl", producer_sequence=2**60
+            ),
+            "INVALID_ARGUMENT",
+            "INVALID_ARGUMENT",
+        ),
+    ],
+)
+async def test_bad_pushes_get_clear_statuses_and_nothing_is_stored(
+    servicers: Servicers, request_: pb.PushRequest, code: str, reason: str
+) -> None:
+    """(Moved here from the socket tests: a status mapping, no path.)"""
+    ttl = duration_pb2.Duration(seconds=60)
+    await unary(servicers, "AttachQueue", pb.AttachQueueRequest(queue="present", ttl=ttl))
+    kept = pb.PushRequest(queue="present", messages=[text("kept")])
+    assert (await unary(servicers, "Push", kept)).code is grpc.StatusCode.OK
+    done = await unary(servicers, "Push", request_)
+    assert done.code.name == code, done.details
+    assert done.reason()[0] == reason
+    info = await unary(servicers, "GetQueue", pb.GetQueueRequest(queue="present"))
+    assert info.response.count == 1  # what was accepted before is still there
