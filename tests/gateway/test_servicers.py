@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from google.rpc import error_details_pb2
 
 from busmq.keys import QueueKeys
 from busmq.v1 import channel_service_pb2 as cpb
+from busmq.v1 import persistable_service_pb2 as ppb
 from busmq.v1 import queue_service_pb2 as pb
 from busmq.v1 import request_service_pb2 as rpb
 from busmq.v1 import types_pb2
@@ -475,3 +477,95 @@ async def test_bad_pushes_get_clear_statuses_and_nothing_is_stored(
     assert done.reason()[0] == reason
     info = await unary(servicers, "GetQueue", pb.GetQueueRequest(queue="present"))
     assert info.response.count == 1  # what was accepted before is still there
+
+
+async def call(
+    servicers: Servicers, service: str, name: str, request: Any, metadata: Any = AUTH
+) -> Outcome:
+    """One call of any unary or server-streaming RPC, to its end."""
+    descriptor = method(service, name)
+    server = servicers.server
+    if descriptor.server_streaming:
+        rpc = server.invoke_unary_stream(descriptor, metadata, request, 10)
+    else:
+        rpc = server.invoke_unary_unary(descriptor, metadata, request, 10)
+    return await outcome(rpc)
+
+
+def _json_bytes(payload: bytes) -> types_pb2.OutgoingMessage:
+    return types_pb2.OutgoingMessage(payload=payload, kind=JSON)
+
+
+def _json(value: Any, **headers: str) -> types_pb2.OutgoingMessage:
+    return types_pb2.OutgoingMessage(payload=json.dumps(value).encode(), kind=JSON, headers=headers)
+
+
+@pytest.mark.parametrize(
+    ("request_", "reason"),
+    [
+        (ppb.SavePersistableRequest(name="bad name", fields={"a": "1"}), "INVALID_NAME"),
+        (ppb.SavePersistableRequest(name="obj", fields={"a": "not json"}), "INVALID_MESSAGE"),
+        (ppb.SavePersistableRequest(name="obj", fields={"a": "NaN"}), "INVALID_MESSAGE"),
+        (ppb.SavePersistableRequest(name="obj", fields={}), "INVALID_ARGUMENT"),
+        (ppb.SavePersistableRequest(name="obj", fields={"": "1"}), "INVALID_ARGUMENT"),
+        (ppb.SavePersistableRequest(name="obj", defaults={"a": "Infinity"}), "INVALID_MESSAGE"),
+        (
+            ppb.SavePersistableRequest(name="obj", fields={"a": "1"}, defaults={"a": "2"}),
+            "INVALID_ARGUMENT",
+        ),
+        (
+            ppb.SavePersistableRequest(
+                name="obj", fields={"a": "1"}, ttl=duration_pb2.Duration(seconds=-5)
+            ),
+            "INVALID_ARGUMENT",
+        ),
+        (ppb.LoadPersistableRequest(name="obj"), "INVALID_ARGUMENT"),
+        (ppb.LoadPersistableRequest(name="{obj}", fields=["a"]), "INVALID_NAME"),
+        (ppb.RenewPersistableRequest(name=""), "INVALID_NAME"),
+        (ppb.DeletePersistableRequest(name="bad name"), "INVALID_NAME"),
+    ],
+)
+async def test_bad_persistable_requests_are_refused_and_nothing_is_written(
+    servicers: Servicers, request_: Any, reason: str
+) -> None:
+    """(Moved here from the socket tests: a status mapping, no path.)"""
+    name = type(request_).__name__.removesuffix("Request")
+    done = await call(servicers, "PersistableService", name, request_)
+    assert done.code is grpc.StatusCode.INVALID_ARGUMENT, done.details
+    assert done.reason()[0] == reason
+    load = ppb.LoadPersistableRequest(name="obj", fields=["a"])
+    assert not (
+        await call(servicers, "PersistableService", "LoadPersistable", load)
+    ).response.exists
+
+
+@pytest.mark.parametrize(
+    ("request_", "reason"),
+    [
+        (rpb.CallRequest(service="bad name", request=_json(1)), "INVALID_NAME"),
+        (rpb.CallRequest(service="s", request=_json(1, **{"busmq-x": "1"})), "INVALID_MESSAGE"),
+        (
+            rpb.CallRequest(
+                service="s", request=types_pb2.OutgoingMessage(payload=b"{", kind=JSON)
+            ),
+            "INVALID_MESSAGE",
+        ),
+        (
+            rpb.CallRequest(
+                service="s", request=_json(1), timeout=duration_pb2.Duration(seconds=-1)
+            ),
+            "INVALID_ARGUMENT",
+        ),
+        (rpb.CallStreamRequest(service="", request=_json(1)), "INVALID_NAME"),
+        (rpb.ServeRequest(service="bad name"), "INVALID_NAME"),
+        (rpb.ServeRequest(service="s", concurrency=100_000), "INVALID_ARGUMENT"),
+    ],
+)
+async def test_bad_request_service_requests_are_refused(
+    servicers: Servicers, request_: Any, reason: str
+) -> None:
+    """(Moved here from the socket tests: a status mapping, no path.)"""
+    name = type(request_).__name__.removesuffix("Request")
+    done = await call(servicers, "RequestService", name, request_)
+    assert done.code is grpc.StatusCode.INVALID_ARGUMENT, done.details
+    assert done.reason()[0] == reason
