@@ -169,34 +169,6 @@ async def test_at_least_once_acks_and_a_cancelled_stream_gives_back_what_it_did_
     again.cancel()
 
 
-@pytest.mark.parametrize(
-    ("request_", "reason"),
-    [
-        (pb.ConnectChannelRequest(channel="bad name"), "INVALID_NAME"),
-        (pb.ConnectChannelRequest(channel="c", local_role="a:b"), "INVALID_NAME"),
-        (
-            pb.ConnectChannelRequest(channel="c", local_role="same", remote_role="same"),
-            "INVALID_NAME",
-        ),
-        (pb.ConnectChannelRequest(channel="c", mode=99), "INVALID_ARGUMENT"),  # type: ignore[arg-type]
-        (pb.ConnectChannelRequest(channel="c", prefetch=100_000), "INVALID_ARGUMENT"),
-        (pb.ConnectChannelRequest(channel="c", from_id=3), "INVALID_ARGUMENT"),
-        (
-            pb.ConnectChannelRequest(channel="c", ttl=duration_pb2.Duration(seconds=-1)),
-            "INVALID_ARGUMENT",
-        ),
-    ],
-)
-async def test_bad_connect_requests_are_refused(
-    gateway: GatewayUnderTest, request_: pb.ConnectChannelRequest, reason: str
-) -> None:
-    with pytest.raises(grpc.aio.AioRpcError) as error:
-        async for _ in gateway.channels.ConnectChannel(request_, metadata=AUTH):
-            pass
-    assert error.value.code() is grpc.StatusCode.INVALID_ARGUMENT
-    assert error_info(error.value).reason == reason
-
-
 async def test_bad_sends_and_acks_are_refused(gateway: GatewayUnderTest) -> None:
     stream = connect(gateway, channel="strict")
     start = await started(stream)

@@ -569,3 +569,30 @@ async def test_bad_request_service_requests_are_refused(
     done = await call(servicers, "RequestService", name, request_)
     assert done.code is grpc.StatusCode.INVALID_ARGUMENT, done.details
     assert done.reason()[0] == reason
+
+
+@pytest.mark.parametrize(
+    ("request_", "reason"),
+    [
+        (cpb.ConnectChannelRequest(channel="bad name"), "INVALID_NAME"),
+        (cpb.ConnectChannelRequest(channel="c", local_role="a:b"), "INVALID_NAME"),
+        (
+            cpb.ConnectChannelRequest(channel="c", local_role="same", remote_role="same"),
+            "INVALID_NAME",
+        ),
+        (cpb.ConnectChannelRequest(channel="c", mode=99), "INVALID_ARGUMENT"),  # type: ignore[arg-type]
+        (cpb.ConnectChannelRequest(channel="c", prefetch=100_000), "INVALID_ARGUMENT"),
+        (cpb.ConnectChannelRequest(channel="c", from_id=3), "INVALID_ARGUMENT"),
+        (
+            cpb.ConnectChannelRequest(channel="c", ttl=duration_pb2.Duration(seconds=-1)),
+            "INVALID_ARGUMENT",
+        ),
+    ],
+)
+async def test_bad_connect_requests_are_refused(
+    servicers: Servicers, request_: cpb.ConnectChannelRequest, reason: str
+) -> None:
+    """(Moved here from the socket tests: a status mapping, no path.)"""
+    done = await call(servicers, "ChannelService", "ConnectChannel", request_)
+    assert done.code is grpc.StatusCode.INVALID_ARGUMENT, done.details
+    assert done.reason()[0] == reason
