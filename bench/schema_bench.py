@@ -27,7 +27,7 @@ import json
 import random
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from _redis import local_redis  # bench/ is sys.path[0]
@@ -163,16 +163,29 @@ async def flood(bus: Bus, args: argparse.Namespace, checked: bool, tag: str) -> 
                 consumed += len(await consumer.next_batch())
 
     pushed = [0]
-    tasks = [asyncio.create_task(produce())]
-    tasks += [asyncio.create_task(consume()) for _ in range(args.consumers)]
+    rate = await consumed_per_second(
+        [produce()], [consume() for _ in range(args.consumers)], lambda: consumed, args
+    )
+    await queue.close()
+    return rate
+
+
+async def consumed_per_second(
+    producers: list[Coroutine[Any, Any, None]],
+    consumers: list[Coroutine[Any, Any, None]],
+    consumed: Callable[[], int],
+    args: argparse.Namespace,
+) -> float:
+    """Run the producers and consumers; after ``--warmup`` s, what ``consumed()`` grew
+    by per second over ``--seconds`` s."""
+    tasks = [asyncio.create_task(c) for c in producers + consumers]
     await asyncio.sleep(args.warmup)
-    start, before = time.perf_counter(), consumed
+    start, before = time.perf_counter(), consumed()
     await asyncio.sleep(args.seconds)
-    rate = (consumed - before) / (time.perf_counter() - start)
+    rate = (consumed() - before) / (time.perf_counter() - start)
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
-    await queue.close()
     return rate
 
 
@@ -221,15 +234,12 @@ async def gateway_flood(
         async for response in call:
             consumed += len(response.batch.deliveries) + response.HasField("delivery")
 
-    tasks = [asyncio.create_task(produce()) for _ in range(4)]
-    tasks += [asyncio.create_task(consume()) for _ in range(args.consumers)]
-    await asyncio.sleep(args.warmup)
-    start, before = time.perf_counter(), consumed
-    await asyncio.sleep(args.seconds)
-    rate = (consumed - before) / (time.perf_counter() - start)
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    rate = await consumed_per_second(
+        [produce() for _ in range(4)],
+        [consume() for _ in range(args.consumers)],
+        lambda: consumed,
+        args,
+    )
     await queue.close()
     return rate
 

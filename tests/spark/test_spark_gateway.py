@@ -4,7 +4,6 @@ sink pushes as an idempotent producer, so retried tasks store each row once."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -12,23 +11,10 @@ import pytest
 
 from busmq import Bus, Mode
 from tests.conftest import fast_settings
-from tests.support.gateway_process import GatewayProcess
+from tests.spark.conftest import GATEWAY_SECRET as SECRET
 from tests.support.redis_server import RedisServer
 
 pytestmark = pytest.mark.spark
-
-SECRET = "spark-gateway-secret-0123456789"
-
-
-@pytest.fixture
-async def gateway(tmp_path: Path) -> AsyncIterator[tuple[RedisServer, str]]:
-    async with RedisServer(tmp_path / "redis", appendonly=False) as redis:
-        process = GatewayProcess(redis.url, (SECRET,))
-        await process.start()
-        try:
-            yield redis, f"http://{process.target}"
-        finally:
-            await process.stop()
 
 
 async def _fill(url: str, name: str, count: int) -> None:

@@ -5,20 +5,17 @@ its batch is stored (the batches before it are, once each, across the task's ret
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from busmq import Bus, JsonSchema
 from tests.conftest import fast_settings
-from tests.support.gateway_process import GatewayProcess
+from tests.spark.conftest import GATEWAY_SECRET as SECRET
 from tests.support.redis_server import RedisServer
 
 pytestmark = pytest.mark.spark
 
-SECRET = "spark-schema-secret-0123456789"
 ORDER = JsonSchema(
     {
         "type": "object",
@@ -26,17 +23,6 @@ ORDER = JsonSchema(
         "required": ["sku", "qty"],
     }
 )
-
-
-@pytest.fixture
-async def redis_and_gateway(tmp_path: Path) -> AsyncIterator[tuple[RedisServer, str]]:
-    async with RedisServer(tmp_path / "redis", appendonly=False) as redis:
-        process = GatewayProcess(redis.url, (SECRET,))
-        await process.start()
-        try:
-            yield redis, f"http://{process.target}"
-        finally:
-            await process.stop()
 
 
 def _rows(spark: Any) -> Any:
@@ -47,9 +33,9 @@ def _rows(spark: Any) -> Any:
 
 @pytest.mark.parametrize("path", ["redis", "gateway"])
 async def test_a_row_that_does_not_fit_fails_the_write_naming_it(
-    spark: Any, redis_and_gateway: tuple[RedisServer, str], path: str
+    spark: Any, gateway: tuple[RedisServer, str], path: str
 ) -> None:
-    redis, gateway_url = redis_and_gateway
+    redis, gateway_url = gateway
     async with Bus(fast_settings([redis.url])) as bus:
         queue = bus.queue("orders")
         await queue.attach(ttl=600.0, auto_renew=False)
