@@ -492,8 +492,12 @@ async def call(
     return await outcome(rpc)
 
 
-def _json_bytes(payload: bytes) -> types_pb2.OutgoingMessage:
-    return types_pb2.OutgoingMessage(payload=payload, kind=JSON)
+async def refused_as_invalid(servicers: Servicers, service: str, request: Any, reason: str) -> None:
+    """``request`` (its method named by its type) ends INVALID_ARGUMENT with ``reason``."""
+    name = type(request).__name__.removesuffix("Request")
+    done = await call(servicers, service, name, request)
+    assert done.code is grpc.StatusCode.INVALID_ARGUMENT, done.details
+    assert done.reason()[0] == reason
 
 
 def _json(value: Any, **headers: str) -> types_pb2.OutgoingMessage:
@@ -529,10 +533,7 @@ async def test_bad_persistable_requests_are_refused_and_nothing_is_written(
     servicers: Servicers, request_: Any, reason: str
 ) -> None:
     """(Moved here from the socket tests: a status mapping, no path.)"""
-    name = type(request_).__name__.removesuffix("Request")
-    done = await call(servicers, "PersistableService", name, request_)
-    assert done.code is grpc.StatusCode.INVALID_ARGUMENT, done.details
-    assert done.reason()[0] == reason
+    await refused_as_invalid(servicers, "PersistableService", request_, reason)
     load = ppb.LoadPersistableRequest(name="obj", fields=["a"])
     assert not (
         await call(servicers, "PersistableService", "LoadPersistable", load)
@@ -565,10 +566,7 @@ async def test_bad_request_service_requests_are_refused(
     servicers: Servicers, request_: Any, reason: str
 ) -> None:
     """(Moved here from the socket tests: a status mapping, no path.)"""
-    name = type(request_).__name__.removesuffix("Request")
-    done = await call(servicers, "RequestService", name, request_)
-    assert done.code is grpc.StatusCode.INVALID_ARGUMENT, done.details
-    assert done.reason()[0] == reason
+    await refused_as_invalid(servicers, "RequestService", request_, reason)
 
 
 @pytest.mark.parametrize(
@@ -593,6 +591,4 @@ async def test_bad_connect_requests_are_refused(
     servicers: Servicers, request_: cpb.ConnectChannelRequest, reason: str
 ) -> None:
     """(Moved here from the socket tests: a status mapping, no path.)"""
-    done = await call(servicers, "ChannelService", "ConnectChannel", request_)
-    assert done.code is grpc.StatusCode.INVALID_ARGUMENT, done.details
-    assert done.reason()[0] == reason
+    await refused_as_invalid(servicers, "ChannelService", request_, reason)
