@@ -5,8 +5,6 @@ details, ErrorInfo reason and metadata, BadRequest), on a real Redis."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,64 +17,22 @@ from google.rpc import error_details_pb2
 
 from busmq.keys import QueueKeys
 from busmq.v1 import channel_service_pb2 as cpb
-from busmq.v1 import persistable_service_pb2 as ppb
 from busmq.v1 import queue_service_pb2 as pb
 from busmq.v1 import request_service_pb2 as rpb
 from busmq.v1 import types_pb2
-from busmq_gateway import Gateway, GatewaySettings
+from busmq_gateway import Gateway
 from busmq_gateway.auth import AuthInterceptor
 from busmq_gateway.principals import load
-from tests.conftest import fast_settings
-from tests.gateway.conftest import SECRETS
+from tests.gateway.servicers import AUTH, SECRET, Servicers, in_process, unary
 from tests.support.redis_server import RedisServer
-from tests.support.servicer_testing import SERVICES, Outcome, in_process_server, method, outcome
+from tests.support.servicer_testing import SERVICES, method, outcome
 from tests.support.waiting import eventually
-
-AUTH = (("authorization", f"Bearer {SECRETS[0]}"),)
-
-
-@dataclass
-class Servicers:
-    server: Any  # grpc_testing's
-    gateway: Gateway
-
-
-@contextlib.asynccontextmanager
-async def in_process(redis_server: RedisServer, **settings: Any) -> AsyncIterator[Servicers]:
-    """A ``grpc_testing`` server of a gateway that is never started: its bus connected,
-    its fleet key loaded, no port."""
-    gateway = Gateway(
-        GatewaySettings(
-            listen="127.0.0.1:0",
-            bus=fast_settings([redis_server.url], max_message_bytes=64 * 1024),
-            heartbeat_seconds=0.5,
-            **settings,
-        )
-    )
-    await gateway.bus.connect()
-    await gateway.fleet.load(gateway.bus, gateway.settings.fleet_secret)
-    try:
-        yield Servicers(in_process_server(gateway, asyncio.get_running_loop()), gateway)
-    finally:
-        await gateway.bus.close()
 
 
 @pytest.fixture
 async def servicers(redis_server: RedisServer) -> AsyncIterator[Servicers]:
-    async with in_process(redis_server, secrets=SECRETS) as found:
+    async with in_process(redis_server, secrets=(SECRET,)) as found:
         yield found
-
-
-async def unary(
-    servicers: Servicers,
-    name: str,
-    request: Any,
-    metadata: Any = AUTH,
-    timeout: float | None = 10,
-) -> Outcome:
-    queue_method = method("QueueService", name)
-    rpc = servicers.server.invoke_unary_unary(queue_method, metadata, request, timeout)
-    return await outcome(rpc)
 
 
 async def test_an_attach_answers_with_the_queue(servicers: Servicers) -> None:
@@ -404,191 +360,3 @@ async def test_the_auth_interceptor_guards_what_the_guard_does_not_see(
             await anext(found.stream_stream(iter(()), context))
         assert context.code is grpc.StatusCode.UNAUTHENTICATED
         assert context.details == "missing or invalid credentials"
-
-
-TEXT = types_pb2.PAYLOAD_KIND_TEXT
-JSON = types_pb2.PAYLOAD_KIND_JSON
-
-
-def text(value: str) -> types_pb2.OutgoingMessage:
-    return types_pb2.OutgoingMessage(payload=value.encode(), kind=TEXT)
-
-
-@pytest.mark.parametrize(
-    ("request_", "code", "reason"),
-    [
-        (
-            pb.PushRequest(queue="bad name", messages=[text("x")]),
-            "INVALID_ARGUMENT",
-            "INVALID_NAME",
-        ),
-        (pb.PushRequest(queue="missing", messages=[text("x")]), "NOT_FOUND", "QUEUE_NOT_FOUND"),
-        (pb.PushRequest(queue="present", messages=[]), "INVALID_ARGUMENT", "INVALID_ARGUMENT"),
-        (
-            pb.PushRequest(
-                queue="present", messages=[types_pb2.OutgoingMessage(payload=b"{", kind=JSON)]
-            ),
-            "INVALID_ARGUMENT",
-            "INVALID_MESSAGE",
-        ),
-        (
-            pb.PushRequest(
-                queue="present", messages=[types_pb2.OutgoingMessage(payload=b"\xff", kind=TEXT)]
-            ),
-            "INVALID_ARGUMENT",
-            "INVALID_MESSAGE",
-        ),
-        (
-            pb.PushRequest(
-                queue="present", messages=[types_pb2.OutgoingMessage(payload=b"x" * 70_000)]
-            ),
-            "RESOURCE_EXHAUSTED",
-            "MESSAGE_TOO_LARGE",
-        ),
-        (
-            pb.PushRequest(queue="present", messages=[text("x")], producer_sequence=3),
-            "INVALID_ARGUMENT",
-            "INVALID_ARGUMENT",
-        ),
-        (
-            pb.PushRequest(queue="present", messages=[text("x")], producer="bad name"),
-            "INVALID_ARGUMENT",
-            "INVALID_NAME",
-        ),
-        (
-            pb.PushRequest(
-                queue="present", messages=[text("x")], producer="etl", producer_sequence=2**60
-            ),
-            "INVALID_ARGUMENT",
-            "INVALID_ARGUMENT",
-        ),
-    ],
-)
-async def test_bad_pushes_get_clear_statuses_and_nothing_is_stored(
-    servicers: Servicers, request_: pb.PushRequest, code: str, reason: str
-) -> None:
-    """(Moved here from the socket tests: a status mapping, no path.)"""
-    ttl = duration_pb2.Duration(seconds=60)
-    await unary(servicers, "AttachQueue", pb.AttachQueueRequest(queue="present", ttl=ttl))
-    kept = pb.PushRequest(queue="present", messages=[text("kept")])
-    assert (await unary(servicers, "Push", kept)).code is grpc.StatusCode.OK
-    done = await unary(servicers, "Push", request_)
-    assert done.code.name == code, done.details
-    assert done.reason()[0] == reason
-    info = await unary(servicers, "GetQueue", pb.GetQueueRequest(queue="present"))
-    assert info.response.count == 1  # what was accepted before is still there
-
-
-async def call(
-    servicers: Servicers, service: str, name: str, request: Any, metadata: Any = AUTH
-) -> Outcome:
-    """One call of any unary or server-streaming RPC, to its end."""
-    descriptor = method(service, name)
-    server = servicers.server
-    if descriptor.server_streaming:
-        rpc = server.invoke_unary_stream(descriptor, metadata, request, 10)
-    else:
-        rpc = server.invoke_unary_unary(descriptor, metadata, request, 10)
-    return await outcome(rpc)
-
-
-async def refused_as_invalid(servicers: Servicers, service: str, request: Any, reason: str) -> None:
-    """``request`` (its method named by its type) ends INVALID_ARGUMENT with ``reason``."""
-    name = type(request).__name__.removesuffix("Request")
-    done = await call(servicers, service, name, request)
-    assert done.code is grpc.StatusCode.INVALID_ARGUMENT, done.details
-    assert done.reason()[0] == reason
-
-
-def _json(value: Any, **headers: str) -> types_pb2.OutgoingMessage:
-    return types_pb2.OutgoingMessage(payload=json.dumps(value).encode(), kind=JSON, headers=headers)
-
-
-@pytest.mark.parametrize(
-    ("request_", "reason"),
-    [
-        (ppb.SavePersistableRequest(name="bad name", fields={"a": "1"}), "INVALID_NAME"),
-        (ppb.SavePersistableRequest(name="obj", fields={"a": "not json"}), "INVALID_MESSAGE"),
-        (ppb.SavePersistableRequest(name="obj", fields={"a": "NaN"}), "INVALID_MESSAGE"),
-        (ppb.SavePersistableRequest(name="obj", fields={}), "INVALID_ARGUMENT"),
-        (ppb.SavePersistableRequest(name="obj", fields={"": "1"}), "INVALID_ARGUMENT"),
-        (ppb.SavePersistableRequest(name="obj", defaults={"a": "Infinity"}), "INVALID_MESSAGE"),
-        (
-            ppb.SavePersistableRequest(name="obj", fields={"a": "1"}, defaults={"a": "2"}),
-            "INVALID_ARGUMENT",
-        ),
-        (
-            ppb.SavePersistableRequest(
-                name="obj", fields={"a": "1"}, ttl=duration_pb2.Duration(seconds=-5)
-            ),
-            "INVALID_ARGUMENT",
-        ),
-        (ppb.LoadPersistableRequest(name="obj"), "INVALID_ARGUMENT"),
-        (ppb.LoadPersistableRequest(name="{obj}", fields=["a"]), "INVALID_NAME"),
-        (ppb.RenewPersistableRequest(name=""), "INVALID_NAME"),
-        (ppb.DeletePersistableRequest(name="bad name"), "INVALID_NAME"),
-    ],
-)
-async def test_bad_persistable_requests_are_refused_and_nothing_is_written(
-    servicers: Servicers, request_: Any, reason: str
-) -> None:
-    """(Moved here from the socket tests: a status mapping, no path.)"""
-    await refused_as_invalid(servicers, "PersistableService", request_, reason)
-    load = ppb.LoadPersistableRequest(name="obj", fields=["a"])
-    assert not (
-        await call(servicers, "PersistableService", "LoadPersistable", load)
-    ).response.exists
-
-
-@pytest.mark.parametrize(
-    ("request_", "reason"),
-    [
-        (rpb.CallRequest(service="bad name", request=_json(1)), "INVALID_NAME"),
-        (rpb.CallRequest(service="s", request=_json(1, **{"busmq-x": "1"})), "INVALID_MESSAGE"),
-        (
-            rpb.CallRequest(
-                service="s", request=types_pb2.OutgoingMessage(payload=b"{", kind=JSON)
-            ),
-            "INVALID_MESSAGE",
-        ),
-        (
-            rpb.CallRequest(
-                service="s", request=_json(1), timeout=duration_pb2.Duration(seconds=-1)
-            ),
-            "INVALID_ARGUMENT",
-        ),
-        (rpb.CallStreamRequest(service="", request=_json(1)), "INVALID_NAME"),
-        (rpb.ServeRequest(service="bad name"), "INVALID_NAME"),
-        (rpb.ServeRequest(service="s", concurrency=100_000), "INVALID_ARGUMENT"),
-    ],
-)
-async def test_bad_request_service_requests_are_refused(
-    servicers: Servicers, request_: Any, reason: str
-) -> None:
-    """(Moved here from the socket tests: a status mapping, no path.)"""
-    await refused_as_invalid(servicers, "RequestService", request_, reason)
-
-
-@pytest.mark.parametrize(
-    ("request_", "reason"),
-    [
-        (cpb.ConnectChannelRequest(channel="bad name"), "INVALID_NAME"),
-        (cpb.ConnectChannelRequest(channel="c", local_role="a:b"), "INVALID_NAME"),
-        (
-            cpb.ConnectChannelRequest(channel="c", local_role="same", remote_role="same"),
-            "INVALID_NAME",
-        ),
-        (cpb.ConnectChannelRequest(channel="c", mode=99), "INVALID_ARGUMENT"),  # type: ignore[arg-type]
-        (cpb.ConnectChannelRequest(channel="c", prefetch=100_000), "INVALID_ARGUMENT"),
-        (cpb.ConnectChannelRequest(channel="c", from_id=3), "INVALID_ARGUMENT"),
-        (
-            cpb.ConnectChannelRequest(channel="c", ttl=duration_pb2.Duration(seconds=-1)),
-            "INVALID_ARGUMENT",
-        ),
-    ],
-)
-async def test_bad_connect_requests_are_refused(
-    servicers: Servicers, request_: cpb.ConnectChannelRequest, reason: str
-) -> None:
-    """(Moved here from the socket tests: a status mapping, no path.)"""
-    await refused_as_invalid(servicers, "ChannelService", request_, reason)
