@@ -27,13 +27,17 @@ from tests.support.sentinel import SentinelGroup
 SPARK_FIXTURE = "spark"
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """README examples that use Spark carry the ``spark`` mark, like the Spark tests."""
+    """README examples that use Spark carry the ``spark`` mark, like the Spark tests; and
+    whatever uses the Spark session runs on one pytest-xdist worker (``--dist loadgroup``),
+    so that one JVM starts, not one per worker."""
     for item in items:
-        if item.get_closest_marker("markdown-docs") and SPARK_FIXTURE in getattr(
-            item, "fixturenames", ()
-        ):
+        if SPARK_FIXTURE not in getattr(item, "fixturenames", ()):
+            continue
+        if item.get_closest_marker("markdown-docs"):
             item.add_marker(pytest.mark.spark)
+        item.add_marker(pytest.mark.xdist_group(SPARK_FIXTURE))
 
 
 @pytest.fixture

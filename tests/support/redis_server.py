@@ -26,9 +26,9 @@ def free_port(offsets: tuple[int, ...] = (0,)) -> int:
     the server binds it, one below that range only by another listener. ``offsets``:
     ports that must be free too, relative to the one returned (a cluster node's bus
     port is port + 10000)."""
-    low = _ephemeral_low() - max(offsets)
+    start, stop = _worker_ports(_ephemeral_low() - max(offsets))
     for _ in range(1000):
-        port = _RANDOM.randrange(10_000, low)
+        port = _RANDOM.randrange(start, stop)
         taken = {port + offset for offset in offsets}
         if not taken & _HANDED_OUT and all(_bindable(p) for p in taken):
             _HANDED_OUT.update(taken)
@@ -41,6 +41,16 @@ def free_port(offsets: tuple[int, ...] = (0,)) -> int:
 # random state, which a test (or hypothesis) may have seeded.
 _HANDED_OUT: set[int] = set()
 _RANDOM = random.Random()
+
+
+def _worker_ports(low: int) -> tuple[int, int]:
+    """This pytest-xdist worker's share of the ports from 10000 to ``low``: workers never
+    pick the same port, even one another worker's server left free for a moment while it
+    restarts (the whole range without xdist)."""
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+    share = (low - 10_000) // count
+    return 10_000 + worker * share, 10_000 + (worker + 1) * share
 
 
 def _ephemeral_low() -> int:
