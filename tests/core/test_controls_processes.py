@@ -68,7 +68,7 @@ async def test_pause_stops_every_process_within_100_ms_and_resume_restarts_them(
     async def produce() -> None:
         while not stop.is_set():
             await queue.push(b"tick")
-            await asyncio.sleep(0.005)
+            await asyncio.sleep(0.005)  # the pace of a steady producer
 
     async with reaped([]) as workers:
         started, logs = await start_workers(redis_server, queue.name, tmp_path, 3)

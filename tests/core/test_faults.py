@@ -53,7 +53,7 @@ async def holds_for(
     deadline = loop.time() + duration
     while loop.time() < deadline:
         assert await check(), f"{what} stopped holding"
-        await asyncio.sleep(interval)
+        await asyncio.sleep(interval)  # the poll interval of the observation window
 
 
 async def spawn_worker(

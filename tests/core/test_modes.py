@@ -46,7 +46,7 @@ async def test_at_most_once_gives_each_message_to_exactly_one_consumer(bus: Bus)
                     seen[index].append(delivery.data)
                     if sum(map(len, seen)) == 600:
                         break
-                    await asyncio.sleep(0)
+                    await asyncio.sleep(0)  # yield, so that the three consumers take turns
 
         tasks = [asyncio.create_task(drain(i)) for i in range(3)]
         await eventually(lambda: sum(map(len, seen)) == 600, what="all 600 consumed")

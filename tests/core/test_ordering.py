@@ -83,6 +83,7 @@ async def test_one_delivery_per_key_in_flight_in_push_order_across_consumers(
                 async for delivery in consumer:
                     key, n = delivery.headers["customer"], delivery.data["n"]
                     seen.start(key, n)
+                    # a handling time, so that handlings could overlap
                     await asyncio.sleep(random.random() / 500)
                     seen.end(key, n)
                     await delivery.ack()
@@ -264,6 +265,7 @@ async def test_forward_keeps_the_order_per_key_into_an_ordered_target(one_bus: B
         async def stage() -> None:
             async with source.consume(Mode.AT_LEAST_ONCE, prefetch=10) as consumer:
                 async for delivery in consumer:
+                    # a handling time, so that handlings could overlap
                     await asyncio.sleep(random.random() / 1000)
                     await delivery.forward(sink, delivery.data, headers=dict(delivery.headers))
 

@@ -25,7 +25,7 @@ async def test_a_second_save_writes_exactly_the_changed_field(
     watcher = redis_server.client()
     async with watcher.monitor() as monitor:
         listening = asyncio.create_task(_record(monitor, commands))
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # let the monitor task send MONITOR first
         assert await profile.save() == ["visits"]
         await eventually(lambda: any("EXEC" in c for c in commands), what="EXEC seen")
         listening.cancel()
@@ -129,7 +129,7 @@ async def test_keep_alive_holds_while_persisted_and_the_object_expires_after_unp
     until = loop.time() + 2.6  # over two ttls: it would have expired without renewal
     while loop.time() < until:
         assert await session.exists()
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)  # the poll interval of the observation window
     await session.unpersist()
     assert not session.persisted
     remaining = await session.remaining_ttl()

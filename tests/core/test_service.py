@@ -115,7 +115,7 @@ async def test_a_request_nobody_answers_times_out_with_a_typed_error(bus: Bus) -
 async def test_a_stream_that_stalls_times_out_between_items(bus: Bus) -> None:
     async def slow(request: Request) -> AsyncIterator[str]:
         yield "quick"
-        await asyncio.sleep(0.6)
+        await asyncio.sleep(0.6)  # the handler's stall, past the 0.3 s between items
         yield "too late"
 
     async with Service(bus, "staller") as service, serving(service, slow):
@@ -151,7 +151,7 @@ async def test_a_requester_that_gave_up_leaks_no_keys(
     replied = asyncio.Event()
 
     async def slow(request: Request) -> str:
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # the handler replies after the requester gave up
         replied.set()
         return "late"
 

@@ -40,7 +40,7 @@ async def test_a_federated_consumer_joins_the_ordered_group_across_a_link_cut(
         key = delivery.headers["account"]
         seen.start(key, delivery.id)
         redelivered += delivery.delivery_count > 1
-        await asyncio.sleep(rng.random() / 500)
+        await asyncio.sleep(rng.random() / 500)  # a handling time, so that handlings could overlap
         seen.end(key, delivery.id)
         by_side[side] += 1
         # An ack lost to the cut leaves the delivery pending: it comes again.

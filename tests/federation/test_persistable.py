@@ -116,7 +116,7 @@ async def test_persist_keeps_a_short_lived_object_alive_and_unpersist_lets_it_ex
         until = loop.time() + 2.6  # the observation window: over two ttls
         while loop.time() < until:
             assert await local.exists()
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)  # the poll interval of the observation window
     assert not remote.persisted  # leaving the block unpersisted it
     remaining = await local.remaining_ttl()
     assert remaining is not None and 0 < remaining <= 1.2

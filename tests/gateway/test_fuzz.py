@@ -183,7 +183,7 @@ def redis_server(directory: Path) -> Iterator[str]:
             except OSError:
                 if time.monotonic() > deadline:
                     raise
-            time.sleep(0.02)
+            time.sleep(0.02)  # polling the port until the server binds it
         yield f"redis://127.0.0.1:{port}"
     finally:
         process.kill()

@@ -135,7 +135,7 @@ async def test_a_slow_reader_keeps_gateway_memory_bounded_and_others_flowing(
         while not response.HasField("delivery"):
             response = await asyncio.wait_for(side_stream.__anext__(), 5)
         side_seen += 1
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)  # the pace of the side stream's reads
     rss_after = process.memory_info().rss
     slow.cancel()
     side.cancel()

@@ -83,7 +83,7 @@ async def test_browse_reads_without_consuming_and_follows(
     for _ in range(100):
         if gateway.gateway.queues.browses.active_streams == 0:
             break
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.02)  # polling: the cancel reaches the gateway's task
     assert gateway.gateway.queues.browses.active_streams == 0
 
     async with queue.consume(Mode.AT_MOST_ONCE, max=1) as consumer:

@@ -74,7 +74,7 @@ async def until_no_streams(gateway: Gateway) -> None:
     for _ in range(100):
         if gateway.active_streams == 0:
             return
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # polling: the gateway sees the client gone
     raise AssertionError(f"{gateway.active_streams} streams still open")
 
 

@@ -215,7 +215,7 @@ async def test_the_stream_limit_refuses_one_more_and_frees_a_slot_when_one_ends(
     for _ in range(100):
         if gateway.access.streams_of("limited") == 1:
             break
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.02)  # polling: the cancel reaches the gateway's task
     assert gateway.access.streams_of("limited") == 1
     fourth = queues.Consume(request, metadata=limited)
     assert (await anext(aiter(fourth))).WhichOneof("event") == "started"

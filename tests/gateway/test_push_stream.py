@@ -187,7 +187,7 @@ async def test_at_most_max_in_flight_pushes_are_read_before_answers() -> None:
     responses = session.responses(requests())
     first = asyncio.ensure_future(anext(responses))
     for _ in range(50):
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # turns of the loop: the session reads all it may
     assert read == 10 and not first.done()  # ten under way, the eleventh not read
     release.set()
     answered = set()
@@ -202,7 +202,7 @@ async def test_the_session_ends_draining_without_dropping_a_push_it_read() -> No
     stored: list[int] = []
 
     async def store(request: pb.PushRequest) -> PushResult:
-        await asyncio.sleep(0.001)
+        await asyncio.sleep(0.001)  # a store's time, so that pushes are in flight
         stored.append(int(request.messages[0].payload))
         return PushResult(ids=[len(stored)], duplicate=False)
 
@@ -211,7 +211,7 @@ async def test_the_session_ends_draining_without_dropping_a_push_it_read() -> No
             if sequence == 300:
                 draining.set()
             yield push(sequence, "q", b"%d" % sequence)
-            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # one push a turn of the loop
 
     answered: list[int] = []
     with pytest.raises(RequestError) as caught:

@@ -81,7 +81,7 @@ async def ordered_per_key(
                 key = delivery.headers["k"]
                 redelivered += delivery.delivery_count > 1
                 seen.start(key, delivery.id)
-                await asyncio.sleep(0.001)
+                await asyncio.sleep(0.001)  # a handling time, so that handlings could overlap
                 seen.end(key, delivery.id)
                 handled.add(delivery.id)
                 with contextlib.suppress(BusError):  # lost to the fault: redelivered

@@ -54,7 +54,7 @@ async def test_a_consume_stream_rides_through_a_sentinel_failover(
                     except grpc.aio.AioRpcError as exc:  # may be stored: same request id
                         push_errors.append(exc.code().name)
                         await asyncio.sleep(0.05)
-                await asyncio.sleep(0.002)
+                await asyncio.sleep(0.002)  # the pace of the producer
 
         async def consume() -> None:
             # One stream, opened again only if the gateway ends it.
@@ -75,7 +75,7 @@ async def test_a_consume_stream_rides_through_a_sentinel_failover(
                             )
                 except grpc.aio.AioRpcError as exc:
                     stream_ends.append(exc.code().name)
-                    await asyncio.sleep(0.1)
+                    await asyncio.sleep(0.1)  # back off before reopening the stream
 
         consumer = asyncio.create_task(consume())
         producer = asyncio.create_task(produce())

@@ -63,7 +63,7 @@ async def produce(bus: Bus, run: Run, durability: Durability, killed: asyncio.Ev
                 except BusError:  # may be stored: the retry with the same request_id is deduped
                     run.retried.add(n)
                     run.push_errors += 1
-                    await asyncio.sleep(0.05)
+                    await asyncio.sleep(0.05)  # back off before the retry
                     continue
                 run.acknowledged[n] = ids[0]
                 break

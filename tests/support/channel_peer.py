@@ -48,7 +48,7 @@ async def slow_sink(channel: Channel) -> None:
     await channel.listen(Mode.AT_LEAST_ONCE, prefetch=5, visibility_timeout=1.0)
     async for delivery in channel:
         emit(got=delivery.data["n"], redelivered=delivery.redelivered)
-        await asyncio.sleep(0.003)
+        await asyncio.sleep(0.003)  # a slow sink's handling time
         await delivery.ack()
 
 

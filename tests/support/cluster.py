@@ -131,7 +131,7 @@ class ClusterGroup:
                     "MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys
                 )
                 moved += len(keys)
-                await asyncio.sleep(0)
+                await asyncio.sleep(0)  # let the bus's calls run between batches of moved keys
         finally:
             await client.aclose()
         for server in await self.masters():

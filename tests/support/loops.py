@@ -44,7 +44,7 @@ async def produce(
             except BusError as exc:
                 ledger.push_errors.append(exc)
                 ledger.retried.add(n)
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(0.05)  # back off before the retry
 
 
 END = -1

@@ -208,7 +208,7 @@ class RedisServer:
                         return
                 if loop.time() > deadline:
                     raise RuntimeError(f"redis-server on port {self.port} not ready")
-                await asyncio.sleep(0.01)
+                await asyncio.sleep(0.01)  # polling until redis-server answers
         finally:
             await client.aclose()
 

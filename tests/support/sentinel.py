@@ -70,7 +70,7 @@ class SentinelProcess:
                 with contextlib.suppress(Exception):
                     if await client.ping():
                         return True
-                await asyncio.sleep(0.01)
+                await asyncio.sleep(0.01)  # polling until the Sentinel answers
             return False
         finally:
             await client.aclose()

@@ -29,7 +29,7 @@ from tests.support.processes import emit, helper_settings
 
 
 async def double(request: Request) -> dict[str, Any]:
-    await asyncio.sleep(0.002)
+    await asyncio.sleep(0.002)  # the handler's own time
     n = request.data["n"]
     return {"n": n, "double": 2 * n, "pid": os.getpid()}
 

@@ -26,7 +26,7 @@ def main() -> None:
     def passing(payload: bytes) -> bytes:
         if payload == stall_at:
             Path(marker).write_text("stalled")
-            time.sleep(3600)
+            time.sleep(3600)  # stalls the Spark task until the test kills it
         return payload
 
     through = F.udf(passing, BinaryType())

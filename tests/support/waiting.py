@@ -27,7 +27,7 @@ async def eventually(
             return
         if loop.time() > deadline:
             raise AssertionError(f"{what} not reached within {timeout}s")
-        await asyncio.sleep(interval)
+        await asyncio.sleep(interval)  # the poll interval
 
 
 async def take(deliveries: AsyncIterator[T], n: int, timeout: float = 10.0) -> list[T]:
