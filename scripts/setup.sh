@@ -66,13 +66,29 @@ if [ ! -x "$VENV/bin/python" ]; then
   echo "==> creating $VENV with $("$PYTHON" --version)"
   "$PYTHON" -m venv "$VENV"
 fi
-"$VENV/bin/python" -m pip install -q --upgrade pip
-if $dev; then
-  echo "==> installing busmq with its dev and test tools into $VENV"
-  "$VENV/bin/python" -m pip install -q -e '.[dev]'
-  echo "==> installing the TypeScript client's packages (npm ci)"
-  (cd clients/typescript && npm ci --no-audit --no-fund --loglevel=error)
+# What was installed is stamped with the hash of what decides it (pyproject.toml, this
+# script; the npm lock file): run again with neither changed, pip and npm are skipped
+# (busmq itself is installed editable, so its code is always the checkout's).
+digest() { cat "$@" | sha256sum | cut -c1-16; }
+extras=tools
+$dev && extras=dev
+python_stamp="$VENV/.busmq-setup"
+python_want="$(digest pyproject.toml scripts/setup.sh)"
+python_have="$(cat "$python_stamp" 2>/dev/null || true)"
+if [ "$python_have" = "dev $python_want" ] || [ "$python_have" = "$extras $python_want" ]; then
+  echo "==> $VENV is up to date"
 else
-  echo "==> installing busmq into $VENV"
-  "$VENV/bin/python" -m pip install -q -e '.[tools]'
+  "$VENV/bin/python" -m pip install -q --upgrade pip
+  echo "==> installing busmq with the extras [$extras] into $VENV"
+  "$VENV/bin/python" -m pip install -q -e ".[$extras]"
+  echo "$extras $python_want" >"$python_stamp"
+fi
+if $dev; then
+  npm_stamp=clients/typescript/node_modules/.busmq-setup
+  npm_want="$(digest clients/typescript/package-lock.json)"
+  if [ "$(cat "$npm_stamp" 2>/dev/null || true)" != "$npm_want" ]; then
+    echo "==> installing the TypeScript client's packages (npm ci)"
+    (cd clients/typescript && npm ci --no-audit --no-fund --loglevel=error)
+    echo "$npm_want" >"$npm_stamp"
+  fi
 fi

@@ -41,10 +41,14 @@ go_client() {
 }
 
 tier "setup" bash scripts/setup.sh --dev
-tier "checks" checks
 if [ $# -eq 0 ]; then
-  tier "TypeScript client" typescript
-  tier "Go client" go_client
+  # Side by side: each mostly waits (on a gateway, on the compiler's files).
+  tier_start "checks" checks
+  tier_start "TypeScript client" typescript
+  tier_start "Go client" go_client
+  tiers_wait
+else
+  tier "checks" checks
 fi
 echo "==> pytest (on $WORKERS workers; branch coverage of busmq and busmq_gateway)"
 tier "pytest ($($BIN/python -c 'import sys; print("%d.%d" % sys.version_info[:2])'))" \

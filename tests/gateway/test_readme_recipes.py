@@ -130,6 +130,7 @@ async def test_the_tls_recipe_makes_certificates_that_serve_mtls(tmp_path: Path)
     (tmp_path / ".busmq-secret").chmod(0o600)  # as scripts/run.sh makes it (umask 077)
     env = {k: v for k, v in os.environ.items() if not k.startswith("BUSMQ_")}
     env["BUSMQ_DATA_DIR"] = str(tmp_path / "redis")
+    env["BUSMQ_GATEWAY_HTTP_LISTEN"] = f"127.0.0.1:{free_port()}"  # not the default 8444
 
     made = await bash(make_certs, tmp_path, env)
     assert made[0] == 0, made[1]

@@ -118,6 +118,7 @@ async def test_tls_from_the_environment_serves_grpcurl_with_the_ca_and_the_healt
         "BUSMQ_GATEWAY_TLS_CERT": str(server.cert),  # as mounted into the container
         "BUSMQ_GATEWAY_TLS_KEY": str(server.key),
         "BUSMQ_REDIS_URLS": redis_server.url,
+        "BUSMQ_GATEWAY_HTTP_LISTEN": f"127.0.0.1:{free_port()}",  # not the default 8444
     }
     gateway, _ = await spawn_until_ready(
         sys.executable, "-m", "busmq_gateway", "--log-format", "text", env=env

@@ -12,7 +12,6 @@ import argparse
 from collections import defaultdict
 from typing import Any
 
-import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from .output import Output, seconds
@@ -49,6 +48,8 @@ def parse_targets(text: str, source: str) -> list[dict[str, Any]]:
 
 
 async def status(out: Output, args: argparse.Namespace, secret: str | None) -> int:
+    import aiohttp  # here: the other commands start without it (a fifth of their start-up CPU)
+
     headers = {"Authorization": f"Bearer {secret}"} if secret else {}
     found: list[dict[str, Any]] = []
     failed = 0
