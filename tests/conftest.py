@@ -12,7 +12,6 @@ import pytest
 import uvloop
 
 from busmq import Bus, BusSettings
-from tests.support.cpu_times import pytest_runtest_protocol  # noqa: F401  (BUSMQ_TEST_CPU)
 from tests.support.redis_server import RedisServer
 
 # Gateway processes started by tests (and the README recipes they run) get their HTTP

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import signal
 import sys
@@ -16,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support.gateway_process import GatewayProcess, spawn_until_ready
+from tests.support.gateway_process import GatewayProcess, gateway_env, spawn_until_ready
 from tests.support.redis_server import RedisServer, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,9 +42,8 @@ async def test_the_grpcurl_recipe_works_right_after_scripts_run_sh(tmp_path: Pat
     recipe = grpcurl_recipe()
     assert DOCUMENTED_ADDRESS in recipe
     address = f"127.0.0.1:{free_port()}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BUSMQ_")}
+    env = gateway_env()
     env["BUSMQ_DATA_DIR"] = str(tmp_path / "redis")  # the embedded Redis's data
-    env["BUSMQ_GATEWAY_HTTP_LISTEN"] = f"127.0.0.1:{free_port()}"
     # setup.sh may install what is missing first
     gateway, output = await spawn_until_ready(
         "bash", "scripts/run.sh", "--listen", address, cwd=ROOT, env=env, timeout=180
@@ -76,7 +74,7 @@ async def test_the_operating_recipe_works_right_after_scripts_run_sh(tmp_path: P
     assert DOCUMENTED_ADDRESS in recipe and documented_http in recipe
     address, http = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     export = tmp_path / "orders.jsonl"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BUSMQ_")}
+    env = gateway_env()
     env["BUSMQ_DATA_DIR"] = str(tmp_path / "redis")
     env["BUSMQ_GATEWAY_HTTP_LISTEN"] = http
     gateway, output = await spawn_until_ready(
@@ -128,9 +126,8 @@ async def test_the_tls_recipe_makes_certificates_that_serve_mtls(tmp_path: Path)
     (tmp_path / ".venv").symlink_to(Path(sys.executable).parent.parent)  # this run's venv
     (tmp_path / ".busmq-secret").write_text("readme-tls-secret-0123456789\n")
     (tmp_path / ".busmq-secret").chmod(0o600)  # as scripts/run.sh makes it (umask 077)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BUSMQ_")}
+    env = gateway_env()
     env["BUSMQ_DATA_DIR"] = str(tmp_path / "redis")
-    env["BUSMQ_GATEWAY_HTTP_LISTEN"] = f"127.0.0.1:{free_port()}"  # not the default 8444
 
     made = await bash(make_certs, tmp_path, env)
     assert made[0] == 0, made[1]

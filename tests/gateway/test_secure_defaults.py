@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import sys
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import pytest
 from busmq_gateway import Gateway, GatewaySettings
 from tests.conftest import fast_settings
 from tests.support.certs import make_pki
-from tests.support.gateway_process import spawn_until_ready
+from tests.support.gateway_process import gateway_env, spawn_until_ready
 from tests.support.redis_server import RedisServer, free_port
 
 STRONG = "a-strong-secret-0123456789"
@@ -28,15 +27,11 @@ async def run_gateway(*args: str, env: dict[str, str] | None = None) -> tuple[in
     """Run ``busmq-gateway`` expecting it to refuse to start: its exit code and stderr."""
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "busmq_gateway", *args,
-        env={**clean_env(), **(env or {})}, stderr=asyncio.subprocess.PIPE,
+        env={**gateway_env(), **(env or {})}, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     _, err = await asyncio.wait_for(process.communicate(), 30)
     assert process.returncode is not None
     return process.returncode, err.decode()
-
-
-def clean_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("BUSMQ_")}
 
 
 async def test_plaintext_on_every_interface_is_refused_at_start() -> None:
@@ -112,13 +107,12 @@ async def test_tls_from_the_environment_serves_grpcurl_with_the_ca_and_the_healt
     ca, server, _ = make_pki(tmp_path)
     address = f"127.0.0.1:{free_port()}"
     env = {
-        **clean_env(),
+        **gateway_env(),
         "BUSMQ_GATEWAY_LISTEN": address,
         "BUSMQ_GATEWAY_SECRETS": STRONG,
         "BUSMQ_GATEWAY_TLS_CERT": str(server.cert),  # as mounted into the container
         "BUSMQ_GATEWAY_TLS_KEY": str(server.key),
         "BUSMQ_REDIS_URLS": redis_server.url,
-        "BUSMQ_GATEWAY_HTTP_LISTEN": f"127.0.0.1:{free_port()}",  # not the default 8444
     }
     gateway, _ = await spawn_until_ready(
         sys.executable, "-m", "busmq_gateway", "--log-format", "text", env=env

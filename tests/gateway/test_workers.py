@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import re
 import signal
 import sys
@@ -24,7 +23,7 @@ from busmq.v1 import queue_service_pb2 as pb
 from busmq.v1 import queue_service_pb2_grpc, types_pb2
 from tests.conftest import fast_settings
 from tests.federation.conftest import FAST_LINK
-from tests.support.gateway_process import spawn_until_ready
+from tests.support.gateway_process import gateway_env, spawn_until_ready
 from tests.support.redis_server import RedisServer, free_port
 from tests.support.scrape import scrape
 from tests.support.waiting import eventually
@@ -59,7 +58,7 @@ async def test_a_killed_worker_loses_nothing_acknowledged_and_sigterm_drains_all
     tmp_path: Path,
 ) -> None:
     port, http = free_port(), free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BUSMQ_")}
+    env = gateway_env()
     env |= {"BUSMQ_DATA_DIR": str(tmp_path / "embedded"), "BUSMQ_LEASE_SECONDS": "3"}
     supervisor, output = await spawn_until_ready(
         sys.executable, "-m", "busmq_gateway", "--workers", "2", "--listen", f"127.0.0.1:{port}",
@@ -158,7 +157,7 @@ async def test_a_killed_worker_loses_nothing_acknowledged_and_sigterm_drains_all
 
 async def test_workers_do_not_outlive_a_killed_supervisor(tmp_path: Path) -> None:
     async with RedisServer(tmp_path / "redis") as redis:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("BUSMQ_")}
+        env = gateway_env()
         supervisor, _ = await spawn_until_ready(
             sys.executable, "-m", "busmq_gateway", "--workers", "2",
             "--listen", f"127.0.0.1:{free_port()}", "--http-listen", "off",
@@ -177,7 +176,7 @@ async def test_workers_do_not_outlive_a_killed_supervisor(tmp_path: Path) -> Non
 async def test_the_supervisor_sums_what_the_workers_counted(tmp_path: Path) -> None:
     async with RedisServer(tmp_path / "redis") as redis:
         port, http = free_port(), free_port()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("BUSMQ_")}
+        env = gateway_env()
         supervisor, _ = await spawn_until_ready(
             sys.executable, "-m", "busmq_gateway", "--workers", "2",
             "--listen", f"127.0.0.1:{port}", "--http-listen", f"127.0.0.1:{http}",

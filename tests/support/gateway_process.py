@@ -21,6 +21,14 @@ ROOT_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "gateway-princi
 READY = b"busmq gateway ready"
 
 
+def gateway_env() -> dict[str, str]:
+    """This process's environment without any ``BUSMQ_`` setting, as a new user's shell
+    has it, but for the gateway's HTTP listener: on a free port, not the default 8444,
+    which two gateways started at once (on two pytest-xdist workers) would share."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BUSMQ_")}
+    return env | {"BUSMQ_GATEWAY_HTTP_LISTEN": "127.0.0.1:0"}
+
+
 async def spawn_until_ready(
     *argv: str,
     env: dict[str, str],

@@ -33,16 +33,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     whatever uses the Spark session runs on one pytest-xdist worker (``--dist loadgroup``),
     so that one JVM starts, not one per worker. That group (about 160 s) goes first: last
     in the order, it kept one worker busy for minutes after the other had run out."""
-    spark: list[pytest.Item] = []
-    for item in items:
-        if SPARK_FIXTURE not in getattr(item, "fixturenames", ()):
-            continue
+    for item in filter(_uses_spark, items):
         if item.get_closest_marker("markdown-docs"):
             item.add_marker(pytest.mark.spark)
         item.add_marker(pytest.mark.xdist_group(SPARK_FIXTURE))
-        spark.append(item)
-    chosen = set(map(id, spark))
-    items[:] = spark + [item for item in items if id(item) not in chosen]
+    items.sort(key=lambda item: not _uses_spark(item))  # stable: the rest keep their order
+
+
+def _uses_spark(item: pytest.Item) -> bool:
+    return SPARK_FIXTURE in getattr(item, "fixturenames", ())
 
 
 @pytest.fixture
