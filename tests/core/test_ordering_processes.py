@@ -16,6 +16,7 @@ import pytest
 
 from busmq import Bus
 from tests.core.test_faults import complete_lines, reaped, spawn_worker, worker_settings
+from tests.support.heavy import cpu_heavy
 from tests.support.redis_server import RedisServer
 from tests.support.waiting import eventually
 
@@ -72,6 +73,7 @@ def overlaps(runs: list[Run]) -> list[tuple[Run, Run]]:
     return found
 
 
+@cpu_heavy
 @pytest.mark.slow
 async def test_ordering_holds_through_20_consumer_kills_and_a_redis_restart(
     redis_server: RedisServer, make_bus: Callable[..., Any], tmp_path: Path

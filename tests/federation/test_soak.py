@@ -13,6 +13,7 @@ import pytest
 from busmq import Bus, Mode
 from busmq.federation import LinkState
 from tests.federation.conftest import DatacenterA, MakeB
+from tests.support.heavy import cpu_heavy
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.slow
@@ -36,6 +37,7 @@ async def one_round(bus: Bus, target: str, names: list[str]) -> None:
     await asyncio.wait_for(asyncio.gather(*(one(n) for n in names)), 120)
 
 
+@cpu_heavy
 @pytest.mark.timeout(600)
 async def test_a_federating_bus_levels_off_through_rounds_and_link_cuts(
     dc_a: DatacenterA, make_b: MakeB

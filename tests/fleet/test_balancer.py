@@ -15,6 +15,7 @@ from busmq import Mode, Request
 from busmq.federation import FederatedService
 from busmq.keys import CONSUMER_GROUP, QueueKeys
 from tests.fleet.conftest import Fleet
+from tests.support.heavy import cpu_heavy
 from tests.support.waiting import eventually
 
 
@@ -184,6 +185,7 @@ def awaiting(coroutine: Any) -> list[str]:
     return found
 
 
+@cpu_heavy
 @pytest.mark.slow
 async def test_a_killed_gateway_and_a_rolling_restart_lose_nothing(fleet: Fleet) -> None:
     """SIGKILL one gateway, then restart all three one by one (SIGTERM: drain), under

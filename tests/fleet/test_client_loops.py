@@ -12,6 +12,7 @@ import pytest
 
 from tests.fleet.conftest import SECRET, Fleet
 from tests.support.client_programs import build_go, build_typescript
+from tests.support.heavy import cpu_heavy
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.slow
@@ -57,6 +58,7 @@ class Loop:
         return code
 
 
+@cpu_heavy
 async def test_typescript_and_go_loops_survive_a_kill_and_a_rolling_restart(
     fleet: Fleet, tmp_path: Path
 ) -> None:

@@ -19,6 +19,7 @@ from busmq_gateway import Gateway, GatewaySettings
 from tests.conftest import fast_settings
 from tests.gateway.conftest import error_info
 from tests.support.gateway_process import GatewayProcess, running_gateway
+from tests.support.heavy import cpu_heavy
 from tests.support.redis_server import RedisServer
 
 SECRET = "gateway-secret-0123456789"
@@ -31,6 +32,7 @@ async def started(call: grpc.aio.UnaryStreamCall) -> bool:  # type: ignore[type-
     return bool(first is not grpc.aio.EOF and first.HasField("started"))
 
 
+@cpu_heavy
 @pytest.mark.slow
 async def test_four_thousand_streams_opened_at_once_all_start_and_deliver(
     redis_server: RedisServer,

@@ -16,6 +16,7 @@ import pytest
 
 from busmq import Bus, Durability
 from tests.support.gateway_process import GatewayProcess
+from tests.support.heavy import cpu_heavy
 from tests.support.loops import Ledger, produce
 from tests.support.sentinel import SentinelGroup
 from tests.support.waiting import eventually
@@ -112,6 +113,7 @@ def go_consumer(directory: Path) -> list[str]:
     return [str(binary)]
 
 
+@cpu_heavy
 @pytest.mark.parametrize("client", ["typescript", "go"])
 async def test_a_client_consumer_rides_through_a_sentinel_failover(
     sentinel_group: SentinelGroup, make_bus: MakeBus, tmp_path: Path, client: str

@@ -20,6 +20,7 @@ import pytest
 from busmq import Bus, BusError, Durability, Mode
 from tests.ha.scenarios import ordered_per_key
 from tests.support import loops
+from tests.support.heavy import cpu_heavy
 from tests.support.sentinel import SentinelGroup
 from tests.support.waiting import eventually
 
@@ -150,6 +151,7 @@ async def test_async_durability_reports_its_loss_window(
     print(f"\nasync: {len(lost)} of {TOTAL} acknowledged pushes lost in the failover")
 
 
+@cpu_heavy
 @pytest.mark.slow
 @pytest.mark.timeout(300)  # ten failovers; its own waits fail first, naming the one that stalled
 async def test_the_readme_loops_ride_through_ten_sentinel_failovers(
