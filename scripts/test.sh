@@ -42,16 +42,19 @@ go_client() {
 
 tier "setup" bash scripts/setup.sh --dev
 if [ $# -eq 0 ]; then
-  # Side by side: each mostly waits (on a gateway, on the compiler's files).
+  # Beside pytest: each mostly waits (on a gateway, on the compiler's files), as most
+  # tests do; their output follows pytest's.
   tier_start "checks" checks
   tier_start "TypeScript client" typescript
   tier_start "Go client" go_client
-  tiers_wait
 else
   tier "checks" checks
 fi
 echo "==> pytest (on $WORKERS workers; branch coverage of busmq and busmq_gateway)"
+failed=0
 tier "pytest ($($BIN/python -c 'import sys; print("%d.%d" % sys.version_info[:2])'))" \
-  $BIN/pytest -n "$WORKERS" --dist loadgroup --cov --cov-report= --durations=25 "$@"
+  $BIN/pytest -n "$WORKERS" --dist loadgroup --cov --cov-report= --durations=25 "$@" || failed=1
 echo "branch coverage (in-process; coverage.py, .coverage): $($BIN/coverage report --format=total)%"
+tiers_wait || failed=1
 tier_times
+exit "$failed"

@@ -1,5 +1,6 @@
 # Timing of CI tiers: `tier NAME command...` runs the command and records its wall time;
-# `tier_times` prints every tier recorded so far (sourced by scripts/test.sh and .ci/run).
+# `tier_times` prints every tier recorded so far; a tier that fails is timed too, and
+# `tier` returns its status (sourced by scripts/test.sh and .ci/run).
 if [ -z "${TIERS_FILE:-}" ]; then
   TIERS_FILE="$(mktemp -t busmq-tiers.XXXXXX)"
   trap 'rm -f "$TIERS_FILE"' EXIT
@@ -7,10 +8,11 @@ fi
 export TIERS_FILE
 
 tier() {
-  local name="$1" started=$SECONDS
+  local name="$1" started=$SECONDS status=0
   shift
-  "$@"
+  "$@" || status=$?
   printf '%-28s %5ds\n' "$name" $((SECONDS - started)) >>"$TIERS_FILE"
+  return "$status"
 }
 
 tier_times() {

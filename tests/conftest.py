@@ -19,12 +19,16 @@ from tests.support.redis_server import RedisServer
 os.environ.setdefault("BUSMQ_GATEWAY_HTTP_LISTEN", "127.0.0.1:0")
 
 
+ONLY_ASYNCIO = os.environ.get("BUSMQ_TEST_LOOPS") == "asyncio"
+
+
 def pytest_asyncio_loop_factories(
     config: pytest.Config, item: pytest.Item
 ) -> dict[str, Callable[[], Any]]:
     """Asyncio's own loop; modules marked ``also_on_uvloop`` run again on uvloop's, the
-    loop many asyncio applications run on (uvicorn's default)."""
-    if item.get_closest_marker("also_on_uvloop") is None:
+    loop many asyncio applications run on (uvicorn's default), unless
+    ``BUSMQ_TEST_LOOPS=asyncio`` (the CI's second run, on the oldest Python supported)."""
+    if item.get_closest_marker("also_on_uvloop") is None or ONLY_ASYNCIO:
         return {"asyncio": asyncio.new_event_loop}
     return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
 
