@@ -40,6 +40,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: not _uses_spark(item))  # stable: the rest keep their order
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under ``--dist loadgroup``, refuse the pytest and pytest-xdist pair that does not
+    group: pytest 9.2's node ids make xdist 3.8's groups a silent no-op
+    (pytest-dev/pytest-xdist#1386), and every worker then started its own Spark JVM."""
+    if getattr(config.option, "dist", "no") != "loadgroup":
+        return
+    from importlib.metadata import version
+
+    xdist = tuple(int(part) for part in version("pytest-xdist").split(".")[:2])
+    if pytest.version_tuple[:2] >= (9, 2) and xdist <= (3, 8):
+        raise pytest.UsageError(
+            f"pytest {pytest.__version__} with pytest-xdist {version('pytest-xdist')} does "
+            "not honour --dist loadgroup (pytest-dev/pytest-xdist#1386): install the "
+            "versions pyproject.toml allows (scripts/setup.sh --dev)"
+        )
+
+
 def _uses_spark(item: pytest.Item) -> bool:
     return SPARK_FIXTURE in getattr(item, "fixturenames", ())
 
