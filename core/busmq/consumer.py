@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -98,6 +99,16 @@ class ConsumerReader(Protocol):
         ...
 
 
+class ReadBatch(list[Delivery]):
+    """A batch handed over by a reader, with the time (``time.monotonic()``) at which an
+    at-least-once delivery of it lapses: its visibility timeout runs out, and any consumer
+    may claim it."""
+
+    __slots__ = ("lapses_at",)
+
+    lapses_at: float
+
+
 @dataclass(frozen=True)
 class End:
     """The end of the iteration, with the error that ended it."""
@@ -158,6 +169,12 @@ class Consumer:
         self._buffer: asyncio.Queue[list[Delivery] | End] = asyncio.Queue(maxsize=1)
         self._batch: list[Delivery] = []
         self._index = 0
+        # At-least-once: a delivery whose visibility timeout ran out in the read-ahead is
+        # not handed out (another consumer may have claimed it: handled twice at once, out
+        # of order per key); it comes again through a claim. This consumer's own claims
+        # renew what it holds read ahead (see renewed).
+        self._lapses = mode is Mode.AT_LEAST_ONCE
+        self._lapses_at = float("inf")
         self._last: Delivery | None = None  # the last handed out of an earlier batch
         self._unbuffered: list[Delivery] = []  # handed over, waiting for room
         self._task: asyncio.Task[None] | None = None
@@ -216,10 +233,28 @@ class Consumer:
         await self._buffer.put(end)
 
     async def hand_over(self, batch: list[Delivery]) -> None:
-        """For readers: queue ``batch`` for the iteration, waiting for room."""
+        """For readers: queue ``batch`` (just read) for the iteration, waiting for room."""
+        if self._lapses:
+            batch = ReadBatch(batch)
+            batch.lapses_at = time.monotonic() + self.visibility_timeout
         self._unbuffered = batch
         await self._buffer.put(batch)
         self._unbuffered = []
+
+    def renewed(self, ids: set[int], at: float) -> None:
+        """For readers: this consumer's claim, made at ``at``, took ``ids`` again while they
+        waited in its read-ahead (their leases run from then): a batch whose every
+        delivery not yet handed out is among them lapses a visibility timeout later."""
+        lapses_at = at + self.visibility_timeout
+        rest = self._batch[self._index :]
+        if rest and all(d.id in ids for d in rest):
+            self._lapses_at = max(self._lapses_at, lapses_at)
+        waiting = [self._buffer.get_nowait() for _ in range(self._buffer.qsize())]
+        for item in [*waiting, self._unbuffered]:
+            if isinstance(item, ReadBatch) and item and all(d.id in ids for d in item):
+                item.lapses_at = max(item.lapses_at, lapses_at)
+        for item in waiting:
+            self._buffer.put_nowait(item)
 
     def stop(self) -> None:
         """Stop fetching; iteration ends after the deliveries already fetched (a
@@ -274,7 +309,7 @@ class Consumer:
     async def __anext__(self) -> Delivery:
         if self.wake.pauses != self._pauses:
             await self._give_back_read_ahead()
-        if self._index >= len(self._batch):
+        if self._index >= len(self._batch) or (self._lapses and self._lapsed()):
             await self._refill()
         delivery = self._batch[self._index]
         self._index += 1
@@ -290,7 +325,7 @@ class Consumer:
         read instead of one per message. Mixing it with iteration is fine."""
         if self.wake.pauses != self._pauses:
             await self._give_back_read_ahead()
-        if self._index >= len(self._batch):
+        if self._index >= len(self._batch) or (self._lapses and self._lapsed()):
             await self._refill()
         batch = self._batch[self._index :]
         self._index = len(self._batch)
@@ -298,22 +333,40 @@ class Consumer:
         self.queue.consumed += len(batch)
         return batch
 
+    def _lapsed(self) -> bool:
+        """Whether the rest of the current batch lapsed in the read-ahead (at-least-once);
+        if so it is dropped, counted in a ``lapsed`` event."""
+        if time.monotonic() < self._lapses_at:
+            return False
+        count = len(self._batch) - self._index
+        if count:
+            if self._index:
+                self._last = self._batch[self._index - 1]
+            self._batch, self._index = [], 0
+            details = {"consumer": self.name, "count": count}
+            self.queue.events.emit(Event("lapsed", self.queue.name, details=details))
+        return True
+
     async def _refill(self) -> None:
         if self._finished:
             raise StopAsyncIteration
         if self._task is None:
             await self.start()
-        item: list[Delivery] | End = []
-        while not item:  # a batch taken back while the reader was queueing it is empty
-            item = await self._buffer.get()
-        if isinstance(item, End):
-            self._finished = True
-            if item.error is not None:
-                raise item.error
-            raise StopAsyncIteration
-        if self._index:
-            self._last = self._batch[self._index - 1]
-        self._batch, self._index = item, 0
+        while True:
+            item: list[Delivery] | End = []
+            while not item:  # a batch taken back while the reader was queueing it is empty
+                item = await self._buffer.get()
+            if isinstance(item, End):
+                self._finished = True
+                if item.error is not None:
+                    raise item.error
+                raise StopAsyncIteration
+            if self._index:
+                self._last = self._batch[self._index - 1]
+            self._batch, self._index = item, 0
+            self._lapses_at = item.lapses_at if isinstance(item, ReadBatch) else float("inf")
+            if not (self._lapses and self._lapsed()):
+                return
 
     def last_handed_out(self) -> Delivery | None:
         """The last delivery handed out, if any."""

@@ -31,6 +31,7 @@ import contextlib
 import itertools
 import logging
 import random
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -250,14 +251,18 @@ class LocalReader:
         return [Delivery(decode_raw(eid, fields), 1, None) for eid, fields in entries]
 
     async def _claim(self, consumer: Consumer, count: int) -> list[Delivery]:
+        claimed_at = time.monotonic()
         taken = await consumer_group.claim(
             self.store, consumer.name, count, consumer.visibility_timeout, consumer.max_deliveries
         )
         if taken:
             # Its lease ran out while this consumer still holds it (fetched, not handed
             # out yet; or its ack is on the way, held up by a failover): handing it out
-            # again would only process it twice. It stays pending, claimed afresh.
+            # again would only process it twice. It stays pending, claimed afresh: the
+            # read-ahead's copy is handed out, on a lease that runs from this claim.
             held = consumer.read_ahead_ids()
+            if renewed := {m.id for m, _ in taken if m.id in held}:
+                consumer.renewed(renewed, claimed_at)
             taken = [(m, n) for m, n in taken if m.id not in held and not consumer.acking(m.id)]
         settle_one, control = consumer.settle_one, consumer.settle_other
         forward = consumer.forward

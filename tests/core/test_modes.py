@@ -179,6 +179,36 @@ async def test_a_consumer_does_not_reclaim_what_it_holds_fetched_and_not_handed_
             assert await delivery.ack() is True
 
 
+async def test_what_another_consumer_claimed_is_not_handed_out_from_the_read_ahead(
+    bus: Bus,
+) -> None:
+    # The first consumer fetched 15 (a batch in hand, one buffered, one waiting for room,
+    # so its reader makes no claim) and holds the first past the visibility timeout; a
+    # second consumer claims all 15 meanwhile. The first hands out none of its 14 stale
+    # copies (a ``lapsed`` event counts them): its next delivery is the next message.
+    async with bus.queue("alo-lapsed") as queue:
+        lapsed: list[int] = []
+        queue.events.on(lambda e: lapsed.append(e.details["count"]) if e.kind == "lapsed" else None)
+        await queue.push_batch(list(range(15)))
+        first = queue.consume(Mode.AT_LEAST_ONCE, prefetch=5, visibility_timeout=0.5)
+        async with first:
+            [held] = await _take(first, 1)
+            claimed: dict[int, int] = {}
+            second = queue.consume(Mode.AT_LEAST_ONCE, prefetch=5, visibility_timeout=0.5)
+            async with second:
+                async for delivery in second:
+                    claimed[delivery.data] = delivery.delivery_count
+                    assert await delivery.ack() is True
+                    if len(claimed) == 15:
+                        break
+            assert claimed == {n: 2 for n in range(15)}
+            assert await held.ack() is False  # the second consumer's handling acked it
+            await queue.push("next")
+            [after] = await _take(first, 1)
+            assert after.data == "next"
+        assert sum(lapsed) == 14, lapsed  # the current batch's 4, then two batches of 5
+
+
 async def test_ack_of_unknown_ids_raises_after_acking_the_known_ones(bus: Bus) -> None:
     async with bus.queue("alo-unknown") as queue:
         await queue.push_batch(["a", "b"])
