@@ -81,7 +81,7 @@ async def test_every_method_refuses_a_request_that_does_not_parse(
     refusals = [r for r in caplog.records if "malformed request" in r.getMessage()]
     assert len(refusals) == 1  # once per interval, however many
     assert gateway.gateway.malformed.total == 5 * len(paths)
-    assert not [r for r in caplog.records if r.exc_info]  # no traceback
+    assert not [r for r in caplog.records if r.exc_info and not _earlier_loop(r)]  # no traceback
     # Still serving.
     info = await gateway.queues.AttachQueue(
         queue_service_pb2.AttachQueueRequest(queue="after-garbage"), metadata=AUTH
@@ -156,3 +156,16 @@ async def test_absurd_consume_fields_are_invalid_argument(
         async for _ in call:
             pass
     assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def _earlier_loop(record: logging.LogRecord) -> bool:
+    """grpc.aio's poller, run as a callback on this test's loop, still wakes the loop of an
+    earlier test in this process, which pytest-asyncio has closed: asyncio logs that
+    ``RuntimeError`` here (seen once on 3.11). Not the gateway's, and not a refusal."""
+    assert record.exc_info is not None
+    error = record.exc_info[1]
+    return (
+        isinstance(error, RuntimeError)
+        and str(error) == "Event loop is closed"
+        and "PollerCompletionQueue" in record.getMessage()
+    )
