@@ -249,12 +249,9 @@ class Consumer:
         rest = self._batch[self._index :]
         if rest and all(d.id in ids for d in rest):
             self._lapses_at = max(self._lapses_at, lapses_at)
-        waiting = [self._buffer.get_nowait() for _ in range(self._buffer.qsize())]
-        for item in [*waiting, self._unbuffered]:
+        for item in [*self._buffered(), self._unbuffered]:
             if isinstance(item, ReadBatch) and item and all(d.id in ids for d in item):
                 item.lapses_at = max(item.lapses_at, lapses_at)
-        for item in waiting:
-            self._buffer.put_nowait(item)
 
     def stop(self) -> None:
         """Stop fetching; iteration ends after the deliveries already fetched (a
@@ -409,12 +406,17 @@ class Consumer:
         """The ids fetched and not handed out (left where they are)."""
         ids = {d.id for d in self._batch[self._index :]}
         ids.update(d.id for d in self._unbuffered)
-        items = [self._buffer.get_nowait() for _ in range(self._buffer.qsize())]
-        for item in items:
-            self._buffer.put_nowait(item)
+        for item in self._buffered():
             if not isinstance(item, End):
                 ids.update(d.id for d in item)
         return ids
+
+    def _buffered(self) -> list[list[Delivery] | End]:
+        """What waits in the buffer, left where it is."""
+        items = [self._buffer.get_nowait() for _ in range(self._buffer.qsize())]
+        for item in items:
+            self._buffer.put_nowait(item)
+        return items
 
     async def give_back(self, ids: list[int], why: str) -> None:
         """Nack ``ids`` for prompt redelivery; a failure is logged (they come back
