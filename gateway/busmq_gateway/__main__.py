@@ -23,6 +23,7 @@ from busmq import BusSettings
 from busmq.private import read_secret_file
 
 from . import logs, principals
+from .allocator import cap_malloc_arenas
 from .config import GatewaySettings, TlsSettings, read_secrets
 from .server import serve
 
@@ -160,6 +161,7 @@ def fleet_secret(path: str | None) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    cap_malloc_arenas()
     gc.set_threshold(*GC_THRESHOLDS)
     args = parse_args(argv)
     logs.configure(args.log_format, args.log_level)

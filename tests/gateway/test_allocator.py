@@ -1,0 +1,32 @@
+"""The gateway caps glibc's malloc arenas at start, unless the operator chose a number."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from busmq_gateway.allocator import cap_malloc_arenas
+
+PROBE = "from busmq_gateway.allocator import cap_malloc_arenas; print(cap_malloc_arenas())"
+
+
+def probe(**env: str) -> str:
+    environment = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"} | env
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE], env=environment, capture_output=True, text=True, check=True
+    )
+    return done.stdout.strip()
+
+
+def test_the_cap_is_set_on_glibc() -> None:
+    assert os.confstr("CS_GNU_LIBC_VERSION"), "this test runs on glibc"
+    assert probe() == "True"
+
+
+def test_an_operators_malloc_arena_max_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+    assert cap_malloc_arenas() is False
+    assert probe(MALLOC_ARENA_MAX="4") == "False"
