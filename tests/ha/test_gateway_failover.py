@@ -84,10 +84,7 @@ async def test_a_consume_stream_rides_through_a_sentinel_failover(
             await sentinel_group.kill_master()
             await asyncio.wait_for(producer, 120)
 
-            def all_consumed() -> bool:
-                return all(i in delivered.get(n, ()) for n, i in acknowledged.items())
-
-            await eventually(all_consumed, timeout=60, what="every acknowledged push consumed")
+            await every_acknowledged_consumed(acknowledged, delivered, queues, gateway)
             assert not consumer.done(), consumer
         finally:
             for task in (producer, consumer):
@@ -101,4 +98,40 @@ async def test_a_consume_stream_rides_through_a_sentinel_failover(
     print(
         f"\ngateway stream across a failover: {TOTAL} acknowledged, all consumed; "
         f"{len(push_errors)} push errors retried ({sorted(set(push_errors))})"
+    )
+
+
+async def every_acknowledged_consumed(
+    acknowledged: dict[int, int],
+    delivered: dict[int, set[int]],
+    queues: queue_service_pb2_grpc.QueueServiceStub,
+    gateway: GatewayProcess,
+) -> None:
+    """Wait until every acknowledged push was consumed; else fail with what is missing, the
+    queue's counts and the gateway's last log lines."""
+
+    def missing() -> dict[int, int]:
+        return {n: i for n, i in acknowledged.items() if i not in delivered.get(n, ())}
+
+    try:
+        await eventually(lambda: not missing(), timeout=60)
+    except AssertionError as timeout:
+        raise AssertionError(
+            await what_went_missing(missing(), delivered, queues, gateway)
+        ) from timeout
+
+
+async def what_went_missing(
+    missing: dict[int, int],
+    delivered: dict[int, set[int]],
+    queues: queue_service_pb2_grpc.QueueServiceStub,
+    gateway: GatewayProcess,
+) -> str:
+    info = await queues.GetQueue(pb.GetQueueRequest(queue="orders"), metadata=AUTH, timeout=10)
+    first = sorted(missing.items())[:20]
+    log = "\n".join(gateway.recent)
+    return (
+        f"{len(missing)} acknowledged pushes never consumed, the first (n, id): {first}; "
+        f"delivered other ids for them: {[(n, delivered.get(n)) for n, _ in first]}; "
+        f"the queue: {info}; the gateway's last lines:\n{log}"
     )

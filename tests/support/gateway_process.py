@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import sys
+from collections import deque
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -19,6 +20,7 @@ GATEWAY_CMD = [sys.executable, "-m", "busmq_gateway"]
 ROOT_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "gateway-principals.toml"
 """The example principals file of the README."""
 READY = b"busmq gateway ready"
+OUTPUT_KEPT = 200
 
 
 def gateway_env() -> dict[str, str]:
@@ -82,6 +84,7 @@ class GatewayProcess:
         self.port = free_port()
         self.http_port: int | None = None  # once started, with an HTTP listener
         self.process: asyncio.subprocess.Process | None = None
+        self.recent: deque[str] = deque(maxlen=OUTPUT_KEPT)  # its last lines, for failures
 
     @property
     def target(self) -> str:
@@ -115,8 +118,8 @@ class GatewayProcess:
 
     async def _discard_output(self) -> None:
         assert self.process is not None and self.process.stdout is not None
-        while await self.process.stdout.readline():
-            pass
+        while line := await self.process.stdout.readline():
+            self.recent.append(line.decode(errors="replace").rstrip())
 
     def signal(self, sig: int) -> None:
         assert self.process is not None
