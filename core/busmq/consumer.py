@@ -183,7 +183,7 @@ class Consumer:
         self._finished = False
         self._acks = AckBatcher(queue.name, self._flush_acks)
         self.wake = WakeUp()  # a local reader's, from the notifier, once reading
-        self._pauses = 0  # the wake-up's pauses seen (see _give_back_read_ahead)
+        self._give_backs = 0  # the wake-up's give-backs seen (see _give_back_read_ahead)
 
     def __repr__(self) -> str:
         return f"<Consumer {self.queue.name!r} {self.mode.value} {self.name or '-'}>"
@@ -304,7 +304,7 @@ class Consumer:
         return self
 
     async def __anext__(self) -> Delivery:
-        if self.wake.pauses != self._pauses:
+        if self.wake.give_backs != self._give_backs:
             await self._give_back_read_ahead()
         if self._index >= len(self._batch) or (self._lapses and self._lapsed()):
             await self._refill()
@@ -320,7 +320,7 @@ class Consumer:
 
         For relays (such as the gateway) that move deliveries in bulk: one await per
         read instead of one per message. Mixing it with iteration is fine."""
-        if self.wake.pauses != self._pauses:
+        if self.wake.give_backs != self._give_backs:
             await self._give_back_read_ahead()
         if self._index >= len(self._batch) or (self._lapses and self._lapsed()):
             await self._refill()
@@ -370,14 +370,24 @@ class Consumer:
         return self._batch[self._index - 1] if self._index else self._last
 
     async def _give_back_read_ahead(self) -> None:
-        """The queue was paused: give back what was fetched and not handed out (at-least-
-        once; at-most-once reads removed it, so it is handed out still)."""
-        self._pauses = self.wake.pauses
+        """The queue was paused, or its shard's master moved: give back what was fetched
+        and not handed out (at-least-once; at-most-once reads removed it, so it is handed
+        out still). After a failover the new master may not have seen the reads that
+        fetched it, nor the acks before them: handed out, a delivery could run beside a
+        redelivery of an earlier message of its key."""
         if self.mode is not Mode.AT_LEAST_ONCE:
+            self._give_backs = self.wake.give_backs
             return
-        ids, _ = self.take_read_ahead(keep_end=True)
-        if ids:
-            await self.give_back(ids, "fetched before the queue paused")
+        while True:
+            # Counted on the wake-up too, so that the reader gives back a read in flight
+            # now (it may be a lean one, which would hand out newer messages ahead of
+            # these); what a read finished meanwhile handed over is taken the next time.
+            self.wake.give_backs += 1
+            self._give_backs = self.wake.give_backs
+            ids, _ = self.take_read_ahead(keep_end=True)
+            if not ids:
+                return
+            await self.give_back(ids, "fetched before the queue paused or its master moved")
 
     def take_read_ahead(self, *, keep_end: bool = False) -> tuple[list[int], End | None]:
         """The ids fetched and not handed out, in the order they were read (the current

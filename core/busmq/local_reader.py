@@ -109,7 +109,7 @@ class LocalReader:
                     if count <= 0:
                         break
                 wake.clear()  # before reading, so a push during the read is not missed
-                pauses = wake.pauses
+                give_backs = wake.give_backs
                 try:
                     batch = await self._claim_or_read(consumer, count)
                 except BusUnavailableError as exc:
@@ -123,8 +123,10 @@ class LocalReader:
                     )
                     continue
                 backoff = 0.05
-                if batch and wake.pauses != pauses and consumer.mode is Mode.AT_LEAST_ONCE:
-                    await consumer.give_back([d.id for d in batch], "read as the queue paused")
+                if batch and wake.give_backs != give_backs and consumer.mode is Mode.AT_LEAST_ONCE:
+                    await consumer.give_back(
+                        [d.id for d in batch], "read as the queue paused or its master moved"
+                    )
                     continue
                 if batch:
                     self._fetched += len(batch)

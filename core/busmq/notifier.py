@@ -45,7 +45,7 @@ versions, whose pushes never publish it)."""
 
 
 PAUSED = b"p"
-"""Published after ``c`` when a queue was paused (see :attr:`WakeUp.pauses`)."""
+"""Published after ``c`` when a queue was paused (see :attr:`WakeUp.give_backs`)."""
 
 
 class WakeUp(asyncio.Event):
@@ -55,16 +55,17 @@ class WakeUp(asyncio.Event):
     recheck = True
     woken = False
     """Set by a publication since the last tick (see :meth:`Notifier._on_tick`)."""
-    pauses = 0
-    """How many times the queue was paused (a consumer that sees it grow gives back what
-    it fetched and has not handed out)."""
+    give_backs = 0
+    """How many times the consumer was told to give back what it fetched and has not
+    handed out (at-least-once): the queue was paused, or its shard's master moved (a
+    promoted replica may not have seen the reads and acks that fetched it)."""
 
 
-def mark_paused(events: Iterable[asyncio.Event]) -> None:
-    """Wake ``events``, telling the consumers' among them that the queue was paused."""
+def mark_give_back(events: Iterable[asyncio.Event]) -> None:
+    """Wake ``events``, telling the consumers' among them to give back their read-ahead."""
     for event in events:
         if type(event) is WakeUp:
-            event.pauses += 1
+            event.give_backs += 1
             event.recheck = True  # a control changed: no lean read until a full one
         event.set()
 
@@ -137,7 +138,7 @@ class _Subscription(RespProtocol):
                 mark_recheck(self._waiters.get(channel, set()))
                 return
             if payload == PAUSED:
-                mark_paused(self._waiters.get(channel, ()))
+                mark_give_back(self._waiters.get(channel, ()))
                 return
             for event in self._waiters.get(channel, ()):
                 event.woken = True  # type: ignore[attr-defined]  # see _on_tick
@@ -282,6 +283,12 @@ class Notifier:
     def _wake_all(self) -> None:
         for waiters in self._waiters.values():
             mark_recheck(waiters)
+
+    def give_back_all(self) -> None:
+        """Tell every consumer watching here to give back its read-ahead (the master
+        moved)."""
+        for waiters in self._waiters.values():
+            mark_give_back(waiters)
 
     async def _run(self) -> None:
         endpoint = self._endpoint

@@ -21,7 +21,7 @@ from .errors import (
     RedisCommandError,
 )
 from .keys import QueueKeys, placement_name, validate_name
-from .notifier import mark_paused, mark_recheck
+from .notifier import mark_give_back, mark_recheck
 
 if TYPE_CHECKING:
     import asyncio
@@ -116,7 +116,7 @@ class QueueStore:
 
     def paused(self) -> None:
         """This process's consumers stop now, not when the publication comes back."""
-        mark_paused(self.wakes)
+        mark_give_back(self.wakes)
 
     async def ack(self, ids: list[int]) -> list[int]:
         """Acknowledge at-least-once deliveries by id; the ids that were not pending."""

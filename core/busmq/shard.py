@@ -138,6 +138,7 @@ class Shard:
             tick=settings.block_seconds,
         )
         self.notifier: WakeUps = self._notifier
+        self._master: tuple[str, int] | None = None  # as the Sentinels named it last
         self.sharded_pubsub = False
         """Whether pushes announce themselves with ``SPUBLISH`` (a Redis 7 cluster)."""
         self.state = ShardState.CONNECTING
@@ -268,6 +269,13 @@ class Shard:
         """Move the hot-path connections and the notifier to the master the Sentinels
         name now, if they are on another server (a demoted master still answers)."""
         master = await self._master_address()
+        if self._master is not None and master != self._master:
+            # A failover: consumers give back what they read ahead from the old master.
+            log.warning(
+                "redis shard %s: the Sentinels name a new master, %s:%s", self.label, *master
+            )
+            self._notifier.give_back_all()
+        self._master = master
         for mux in (self.mux, self.durable_mux):
             address = mux.address
             if address is not None and address != master:

@@ -123,7 +123,7 @@ async def test_a_pause_gives_back_the_read_ahead_and_resume_redelivers_it_first(
             await controller.pause()
             # From another process, the pause arrives as a publication: what the consumer
             # hands out before it arrives is handed out (here: no iteration until then).
-            await eventually(lambda: consumer.wake.pauses > 0, what="the pause announced")
+            await eventually(lambda: consumer.wake.give_backs > 0, what="the pause announced")
             # Waiting for the next delivery is when the consumer gives its read-ahead back.
             waiting = asyncio.create_task(take(consumer, 28, timeout=30))
             await eventually(nothing_pending, what="the read-ahead given back")
