@@ -1,4 +1,5 @@
-"""The C allocator's arenas, capped for a gateway process.
+"""The C allocator of a gateway process: its arenas capped, and its bytes in use and
+free, for ``/metrics``.
 
 glibc's malloc gives a thread that finds the heap busy an arena of its own (up to eight
 per core) and returns little of a thread arena's freed memory to the system. grpc's
@@ -13,7 +14,11 @@ environment, glibc's own knob, wins over this.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import cast
 
 M_ARENA_MAX = -8  # glibc's malloc.h
 ARENAS = 2
@@ -32,3 +37,44 @@ def _glibc() -> bool:
         return os.confstr("CS_GNU_LIBC_VERSION") is not None
     except (ValueError, OSError):
         return False
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd",
+            "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost",
+        )
+    ]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class MallocBytes:
+    in_use: int
+    """Allocated and not freed (``malloc`` arenas and its own ``mmap`` blocks)."""
+    free: int
+    """Freed and kept by the allocator for reuse: resident, unless trimmed, yet no leak.
+    RSS less this is what the process holds."""
+
+
+def malloc_bytes() -> MallocBytes | None:
+    """glibc's ``mallinfo2()`` (2.33+), or ``None`` on another C library. It walks the
+    free lists of every arena: a scrape's cost, not a per-call one."""
+    mallinfo2 = _mallinfo2()
+    if mallinfo2 is None:
+        return None
+    info = mallinfo2()
+    return MallocBytes(in_use=info.uordblks + info.hblkhd, free=info.fordblks)
+
+
+@functools.cache
+def _mallinfo2() -> Callable[[], _Mallinfo2] | None:
+    if not _glibc():
+        return None
+    function = getattr(ctypes.CDLL(None), "mallinfo2", None)  # glibc 2.33+
+    if function is None:
+        return None
+    function.restype = _Mallinfo2
+    function.argtypes = []
+    return cast("Callable[[], _Mallinfo2]", function)

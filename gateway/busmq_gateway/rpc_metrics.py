@@ -18,6 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from .access import Access
+from .allocator import malloc_bytes
 
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 """Unary calls of the gateway take from a fraction of a millisecond (a push) to seconds
@@ -88,6 +89,11 @@ ASYNCIO_TASKS = (
     "busmq_gateway_asyncio_tasks",
     "Tasks alive in the gateway's event loop (level under churn; growth is a leak).",
 )
+MALLOC_BYTES = (
+    "busmq_gateway_malloc_bytes",
+    "This process's C allocator (glibc): bytes in use, and bytes freed and kept for reuse "
+    "(resident yet no leak: RSS less them is what the process holds).",
+)
 RELAYED = (
     "busmq_gateway_relayed_calls",
     "Calls relayed to the fleet's gateway that holds their stream (Reply, channel calls).",
@@ -137,6 +143,12 @@ class GatewayCollector(Collector):
         tasks = GaugeMetricFamily(*ASYNCIO_TASKS)
         tasks.add_metric([], _tasks())
         yield tasks
+        allocator = malloc_bytes()
+        if allocator is not None:
+            bytes_ = GaugeMetricFamily(*MALLOC_BYTES, labels=["state"])
+            bytes_.add_metric(["in_use"], allocator.in_use)
+            bytes_.add_metric(["free"], allocator.free)
+            yield bytes_
 
 
 def _tasks() -> int:

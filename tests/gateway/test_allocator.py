@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import subprocess
 import sys
 
 import pytest
 
-from busmq_gateway.allocator import cap_malloc_arenas
+from busmq_gateway.allocator import cap_malloc_arenas, malloc_bytes
 
 PROBE = "from busmq_gateway.allocator import cap_malloc_arenas; print(cap_malloc_arenas())"
 
@@ -30,3 +31,14 @@ def test_an_operators_malloc_arena_max_wins(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
     assert cap_malloc_arenas() is False
     assert probe(MALLOC_ARENA_MAX="4") == "False"
+
+
+def test_malloc_bytes_reads_glibcs_figures() -> None:
+    before = malloc_bytes()
+    assert before is not None, "this test runs on glibc"
+    block = ctypes.create_string_buffer(8 * 2**20)  # malloc'd by ctypes, 8 MiB
+    during = malloc_bytes()
+    assert during is not None
+    assert during.in_use - before.in_use >= 8 * 2**20
+    assert during.free >= 0
+    del block
