@@ -4,11 +4,10 @@ free, for ``/metrics``.
 glibc's malloc gives a thread that finds the heap busy an arena of its own (up to eight
 per core) and returns little of a thread arena's freed memory to the system. grpc's
 C-core threads allocate per call and per connection, so under load each of them grew an
-arena whose freed space stayed in the RSS: 20 rounds of 1,000 streams on new connections
-(``tests/gateway/test_soak.py``) with both cores busy grew the RSS by 15.4 MiB while
-malloc's bytes in use stayed level (thread arenas holding 7-10 MB each, 0.1-0.4 MB of
-it in use). With two arenas the same run grew 2.8 MiB. ``MALLOC_ARENA_MAX`` in the
-environment, glibc's own knob, wins over this.
+arena whose freed space stayed in the RSS: in 20 rounds of 1,000 streams on new
+connections (``tests/gateway/test_soak.py``) with both cores busy, thread arenas held 7
+to 10 MB each with 0.1 to 0.4 MB of it in use. Two arenas bound that. ``MALLOC_ARENA_MAX``
+in the environment, glibc's own knob, wins over this.
 """
 
 from __future__ import annotations
@@ -54,8 +53,8 @@ class MallocBytes:
     in_use: int
     """Allocated and not freed (``malloc`` arenas and its own ``mmap`` blocks)."""
     free: int
-    """Freed and kept by the allocator for reuse: resident, unless trimmed, yet no leak.
-    RSS less this is what the process holds."""
+    """Freed and kept by the allocator for reuse: no leak, and part of the RSS (not all of
+    it: pages the allocator gave back are counted too)."""
 
 
 def malloc_bytes() -> MallocBytes | None:

@@ -92,7 +92,7 @@ ASYNCIO_TASKS = (
 MALLOC_BYTES = (
     "busmq_gateway_malloc_bytes",
     "This process's C allocator (glibc): bytes in use, and bytes freed and kept for reuse "
-    "(resident yet no leak: RSS less them is what the process holds).",
+    "(no leak; an RSS that grows while in_use stays level is that).",
 )
 RELAYED = (
     "busmq_gateway_relayed_calls",

@@ -116,22 +116,12 @@ async def every_acknowledged_consumed(
     try:
         await eventually(lambda: not missing(), timeout=60)
     except AssertionError as timeout:
+        info = await queues.GetQueue(pb.GetQueueRequest(queue="orders"), metadata=AUTH)
+        first = sorted(missing().items())[:20]
+        log = "\n".join(gateway.recent)
         raise AssertionError(
-            await what_went_missing(missing(), delivered, queues, gateway)
+            f"{len(missing())} acknowledged pushes never consumed, the first (n, id): "
+            f"{first}; delivered other ids for them: "
+            f"{[(n, delivered.get(n)) for n, _ in first]}; the queue: {info}; "
+            f"the gateway's last lines:\n{log}"
         ) from timeout
-
-
-async def what_went_missing(
-    missing: dict[int, int],
-    delivered: dict[int, set[int]],
-    queues: queue_service_pb2_grpc.QueueServiceStub,
-    gateway: GatewayProcess,
-) -> str:
-    info = await queues.GetQueue(pb.GetQueueRequest(queue="orders"), metadata=AUTH, timeout=10)
-    first = sorted(missing.items())[:20]
-    log = "\n".join(gateway.recent)
-    return (
-        f"{len(missing)} acknowledged pushes never consumed, the first (n, id): {first}; "
-        f"delivered other ids for them: {[(n, delivered.get(n)) for n, _ in first]}; "
-        f"the queue: {info}; the gateway's last lines:\n{log}"
-    )
