@@ -21,8 +21,7 @@ Every key of a queue carries the queue's name as a ``{hash tag}`` (see
   each consumer's channel is watched (``SSUBSCRIBE``) on the node serving that slot, so
   a notification travels from that node to its watchers only. After a slot move or a
   failover (seen by the health probe's topology read) the watched channels move to
-  their new node, and their consumers give back what they read ahead (as on a Sentinel
-  failover); meanwhile the notifier's tick still wakes every consumer. On older
+  their new node; meanwhile the notifier's tick still wakes every consumer. On older
   servers plain ``PUBLISH`` is forwarded to every node, and the same per-node watching
   works unchanged.
 """
@@ -48,7 +47,7 @@ from .confirmed import ConfirmedWrites
 from .errors import TopologyError
 from .keys import QueueKeys
 from .mux import Arg, Command, Endpoint, MuxClient
-from .notifier import Notifier, WakeUp, mark_give_back
+from .notifier import Notifier, WakeUp, mark_recheck
 from .redis_client import CONNECTION_ERRORS, Redirect, is_wrong_node
 from .shard import Shard
 from .topology import ClusterTarget, parse_cluster_url, ssl_kwargs
@@ -154,10 +153,7 @@ class ClusterNotifier:
             self._homes[channel] = owner
             for event in events:
                 await self._notifier(owner).adopt(channel, event)
-            # Publications may have gone unseen meanwhile: read once. And after a failover
-            # the promoted replica may not have seen the reads that fetched the consumers'
-            # read-ahead: they give it back (after a slot migration, needlessly but safely).
-            mark_give_back(events)
+            mark_recheck(events)  # publications may have gone unseen meanwhile: read once
 
     async def close(self) -> None:
         await asyncio.gather(*(n.close() for n in self._notifiers.values()))

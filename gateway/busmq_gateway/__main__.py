@@ -163,9 +163,26 @@ def fleet_secret(path: str | None) -> str | None:
     return os.environ.get("BUSMQ_GATEWAY_FLEET_SECRET") or None
 
 
+def gc_thresholds(text: str | None) -> tuple[int, ...]:
+    """``BUSMQ_GATEWAY_GC_THRESHOLDS`` ("700,10,10": CPython's own), or the gateway's."""
+    if not text:
+        return GC_THRESHOLDS
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        values = ()
+    if len(values) != 3 or min(values) < 0:
+        raise ValueError(f"BUSMQ_GATEWAY_GC_THRESHOLDS: three counts, e.g. 700,10,10: {text!r}")
+    return values
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     cap_malloc_arenas()
-    gc.set_threshold(*GC_THRESHOLDS)
+    try:
+        gc.set_threshold(*gc_thresholds(os.environ.get("BUSMQ_GATEWAY_GC_THRESHOLDS")))
+    except ValueError as exc:
+        print(f"busmq-gateway: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     args = parse_args(argv)
     logs.configure(args.log_format, args.log_level)
     try:

@@ -1,4 +1,5 @@
-"""The gateway caps glibc's malloc arenas at start, unless the operator chose a number."""
+"""The gateway process's memory settings: glibc's malloc arenas capped at start unless the
+operator chose a number, its figures, and the GC thresholds."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 
 import pytest
 
+from busmq_gateway.__main__ import GC_THRESHOLDS, gc_thresholds
 from busmq_gateway.allocator import cap_malloc_arenas, malloc_bytes
 
 PROBE = "from busmq_gateway.allocator import cap_malloc_arenas; print(cap_malloc_arenas())"
@@ -42,3 +44,11 @@ def test_malloc_bytes_reads_glibcs_figures() -> None:
     assert during.in_use - before.in_use >= 8 * 2**20
     assert during.free >= 0
     del block
+
+
+def test_gc_thresholds_come_from_the_environment_or_the_gateways_own() -> None:
+    assert gc_thresholds(None) == GC_THRESHOLDS
+    assert gc_thresholds("700,10,10") == (700, 10, 10)
+    for bad in ("700,10", "a,b,c", "1,2,-3"):
+        with pytest.raises(ValueError, match="BUSMQ_GATEWAY_GC_THRESHOLDS"):
+            gc_thresholds(bad)

@@ -39,8 +39,15 @@ POOL = 16
 @pytest.fixture
 async def gateway_process(redis_server: RedisServer) -> AsyncIterator[GatewayProcess]:
     # Python's objects in malloc's heap rather than pymalloc's arenas, so that the bytes in
-    # use (busmq_gateway_malloc_bytes) count every object the gateway holds.
-    env = {"BUSMQ_MAX_CONNECTIONS": str(POOL), "PYTHONMALLOC": "malloc"}
+    # use (busmq_gateway_malloc_bytes) count every object the gateway holds; and CPython's
+    # own GC thresholds, so that they are what is reachable: at the gateway's, cyclic
+    # garbage (grpc.aio's per call, a consumer's per stream) waits longer for a full
+    # collection, and on a loaded machine the heap swung by 15 MiB and more with it.
+    env = {
+        "BUSMQ_MAX_CONNECTIONS": str(POOL),
+        "PYTHONMALLOC": "malloc",
+        "BUSMQ_GATEWAY_GC_THRESHOLDS": "700,10,10",
+    }
     process = GatewayProcess(redis_server.url, env=env)
     await process.start()
     try:
@@ -145,10 +152,8 @@ async def test_streams_coming_and_going_for_twenty_rounds_leave_nothing_behind(
     # so that one round's noise does not decide), in the bytes the gateway's objects take
     # (with PYTHONMALLOC=malloc, Python's objects are in them). Not its RSS, which also
     # carries what glibc keeps freed for reuse: how much depends on the most calls a round
-    # had at once, and on a loaded machine it stepped up at random rounds. Cyclic garbage
-    # waiting for a full collection is in the bytes in use; the gateway's GC thresholds
-    # keep it level (docs/design.md, "Garbage collection" and "The soak's memory"). A leak
-    # of 500 bytes per stream would be 5.4 MiB.
+    # had at once, and on a loaded machine it stepped up at random rounds (docs/design.md,
+    # "The soak's memory"). A leak of 500 bytes per stream would be 5.4 MiB.
     grew = statistics.median(heap[15:]) - statistics.median(heap[4:9])
     assert grew < 5, f"the gateway's heap grew {grew:.1f} MiB from rounds 5-9 to 16-20"
     # File descriptors: Redis connections, which redis-py's pool opens under a burst of
