@@ -22,7 +22,7 @@ from busmq_gateway.rpc_metrics import ASYNCIO_TASKS, MALLOC_BYTES
 from tests.support.gateway_process import GatewayProcess
 from tests.support.heavy import cpu_heavy
 from tests.support.redis_server import RedisServer
-from tests.support.scrape import scrape
+from tests.support.scrape import Samples, scrape
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.slow
@@ -136,10 +136,10 @@ async def test_streams_coming_and_going_for_twenty_rounds_leave_nothing_behind(
             # per stream ever run piles up in Redis.
             await eventually(streams_closed, timeout=20, what="every stream's consumer gone")
             rss.append(gateway.memory_info().rss / 2**20)
-            in_use = await gateway_figure(gateway_process, MALLOC_BYTES[0], {"state": "in_use"})
-            heap.append(in_use / 2**20)
+            samples = await gateway_metrics(gateway_process)
+            heap.append(figure(samples, MALLOC_BYTES[0], {"state": "in_use"}) / 2**20)
             fds.append(gateway.num_fds())
-            tasks.append(await gateway_figure(gateway_process, ASYNCIO_TASKS[0]))
+            tasks.append(figure(samples, ASYNCIO_TASKS[0]))
             redis_clients.append(len(await admin.client_list()) - 1)  # less this test's own
     finally:
         await admin.aclose()
@@ -169,12 +169,13 @@ async def test_streams_coming_and_going_for_twenty_rounds_leave_nothing_behind(
     assert max(tasks[4:]) - min(tasks[4:]) <= 4, tasks
 
 
-async def gateway_figure(
-    process: GatewayProcess, name: str, labels: dict[str, str] | None = None
-) -> float:
-    """One figure of the gateway's ``/metrics``."""
+async def gateway_metrics(process: GatewayProcess) -> Samples:
+    """One scrape of the gateway's ``/metrics``."""
     assert process.http_port is not None
-    samples = await scrape(f"http://127.0.0.1:{process.http_port}/metrics")
+    return await scrape(f"http://127.0.0.1:{process.http_port}/metrics")
+
+
+def figure(samples: Samples, name: str, labels: dict[str, str] | None = None) -> float:
     value = samples.get(name, labels)
     assert value is not None, f"no {name} in the gateway's metrics"
     return value
