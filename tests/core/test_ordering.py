@@ -49,7 +49,7 @@ def without_the_lock(monkeypatch: pytest.MonkeyPatch) -> None:
     def mutated(name: str, sharded_publish: bool = False) -> str:
         source = original(name, sharded_publish)
         lock = "    if not holder then return true end"
-        assert lock in source
+        assert lock in source or "order_taker" not in source  # the scripts that take keys
         return source.replace(lock, "    if true then return true end")
 
     monkeypatch.setattr(scripts, "script_source", mutated)
