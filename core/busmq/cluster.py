@@ -21,7 +21,8 @@ Every key of a queue carries the queue's name as a ``{hash tag}`` (see
   each consumer's channel is watched (``SSUBSCRIBE``) on the node serving that slot, so
   a notification travels from that node to its watchers only. After a slot move or a
   failover (seen by the health probe's topology read) the watched channels move to
-  their new node; meanwhile the notifier's tick still wakes every consumer. On older
+  their new node, and after a failover their consumers give back what they read ahead
+  (as on a Sentinel failover); meanwhile the notifier's tick still wakes every consumer. On older
   servers plain ``PUBLISH`` is forwarded to every node, and the same per-node watching
   works unchanged.
 """
@@ -47,7 +48,7 @@ from .confirmed import ConfirmedWrites
 from .errors import TopologyError
 from .keys import QueueKeys
 from .mux import Arg, Command, Endpoint, MuxClient
-from .notifier import Notifier, WakeUp, mark_recheck
+from .notifier import Notifier, WakeUp, mark_give_back, mark_recheck
 from .redis_client import CONNECTION_ERRORS, Redirect, is_wrong_node
 from .shard import Shard
 from .topology import ClusterTarget, parse_cluster_url, ssl_kwargs
@@ -141,7 +142,11 @@ class ClusterNotifier:
             del self._homes[channel]
 
     async def follow_slots(self) -> None:
-        """Move every watched channel to the node that serves its slot now."""
+        """Move every watched channel to the node that serves its slot now. Where the
+        node that served it is no master any more (a failover promoted its replica),
+        the consumers give back their read-ahead, as on a Sentinel failover; a slot
+        migrated between two masters only makes them read once."""
+        masters = {(m.host, int(m.port)) for m in self._shard.client.get_primaries()}
         for channel, address in list(self._homes.items()):
             try:
                 owner = self._shard.node_of(channel)
@@ -153,7 +158,10 @@ class ClusterNotifier:
             self._homes[channel] = owner
             for event in events:
                 await self._notifier(owner).adopt(channel, event)
-            mark_recheck(events)  # publications may have gone unseen meanwhile: read once
+            if address in masters:  # publications may have gone unseen meanwhile: read once
+                mark_recheck(events)
+            else:  # the promoted replica may not have seen the reads of the read-ahead
+                mark_give_back(events)
 
     async def close(self) -> None:
         await asyncio.gather(*(n.close() for n in self._notifiers.values()))

@@ -350,3 +350,41 @@ async def test_idle_consumers_are_woken_on_the_slots_node_before_and_after_a_mov
     finally:
         reader.cancel()
         await asyncio.gather(reader, return_exceptions=True)
+
+
+@pytest.mark.slow
+async def test_a_consumer_gives_back_its_read_ahead_when_its_slot_fails_over(
+    tmp_path: Path,
+) -> None:
+    # As on a Sentinel failover: what a consumer read ahead from the dead master comes
+    # again through a read of the promoted replica, not from the read-ahead.
+    async with (
+        ClusterGroup(tmp_path / "cluster", masters=3, replicas=1) as group,
+        Bus(fast_settings([group.url])) as bus,
+    ):
+        queue = bus.queue("read-ahead")
+        await queue.attach()
+        ids = await queue.push_batch([f"m{i}" for i in range(20)])
+        victim = await group.owner_of(slot_of(queue.name))
+        async with queue.consume(Mode.AT_LEAST_ONCE, prefetch=20) as consumer:
+            first = await anext(consumer)
+            await first.ack()
+            assert await group.command(victim, "WAIT", 1, 5000) == 1  # read and ack replicated
+            victim.kill()
+            await victim.wait_exit()
+
+            async def followed() -> bool:  # the consumer's wake-ups watched on the new owner
+                owner = await group.owner_of(slot_of(queue.name))
+                watching = bus.shards[0].notifier.node_watching(queue.name)  # type: ignore[attr-defined]
+                return owner is not victim and watching == ("127.0.0.1", owner.port)
+
+            await eventually(followed, timeout=30, what="the slot's new owner watched")
+            second = await asyncio.wait_for(anext(consumer), 30)
+            # Given back, read again (twice given back when a read was in flight as the first
+            # give-back landed: needless, not harmful); from the read-ahead it would be 1.
+            assert second.id == ids[1] and second.delivery_count >= 2
+            rest = [second]
+            while len(rest) < 19:
+                rest.append(await asyncio.wait_for(anext(consumer), 30))
+            await asyncio.gather(*(d.ack() for d in rest))
+        assert [d.id for d in rest] == ids[1:]
