@@ -6,7 +6,7 @@ import asyncio
 import enum
 import logging
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
 from .channel import Channel
@@ -20,6 +20,7 @@ from .persistable import Persistable
 from .placement import Placement
 from .pushing import Producer
 from .queue import Queue
+from .renewal import renew_in_slices
 from .schemas import ValidatorCache
 from .scripts import Scripts
 from .service import Service
@@ -270,12 +271,9 @@ class Bus:
     # -- leases ---------------------------------------------------------------------
 
     async def _renew_loop(self) -> None:
-        interval = self.settings.lease_seconds / 3
-        while True:
-            await asyncio.sleep(interval)
-            await self._renew(tuple(q for q in self.attached if q.auto_renew))
+        await renew_in_slices(self.attached, self.settings.lease_seconds / 3, self._renew)
 
-    async def _renew(self, queues: Iterable[Lease]) -> None:
+    async def _renew(self, queues: Sequence[Lease]) -> None:
         results = await asyncio.gather(*(q.renew() for q in queues), return_exceptions=True)
         for queue, result in zip(queues, results, strict=True):
             if isinstance(result, BaseException):
