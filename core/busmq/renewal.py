@@ -61,17 +61,27 @@ async def renew_in_slices(
 ) -> None:
     """Run until cancelled: ``renew`` the queues of one slice of ``attached`` (a live
     collection) each tick. A slice's renewals run beside the ticks, so that an outage
-    that holds them up does not hold up the slices after it. The ticks go on with
-    nothing attached (a wake every ``TICK_SECONDS`` at most), so that a queue attached
-    then is renewed within a round like any other."""
+    that holds them up does not hold up the slices after it; a queue whose renewal still
+    waits is not sent another (an outage holds up one renewal per queue). The ticks go
+    on with nothing attached (a wake every ``TICK_SECONDS`` at most), so that a queue
+    attached then is renewed within a round like any other."""
     slices = RenewalSlices(slice_count(interval))
     running: set[asyncio.Task[None]] = set()
+    renewing: set[Lease] = set()
+
+    async def renew_slice(queues: list[Lease]) -> None:
+        renewing.update(queues)
+        try:
+            await renew(queues)
+        finally:
+            renewing.difference_update(queues)
+
     try:
         while True:
             await asyncio.sleep(interval / slices.slices)
-            due = slices.due(attached)
+            due = [queue for queue in slices.due(attached) if queue not in renewing]
             if due:
-                task = asyncio.create_task(renew(due), name="busmq-lease-renewal-slice")
+                task = asyncio.create_task(renew_slice(due), name="busmq-lease-renewal-slice")
                 running.add(task)
                 task.add_done_callback(running.discard)
     finally:

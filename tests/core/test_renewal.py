@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from busmq.context import Lease
@@ -82,3 +82,42 @@ async def test_the_loop_renews_every_queue_once_a_round_slice_by_slice() -> None
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
     assert max(len(c) for c in calls) == 4  # 20 queues over 5 slices
+
+
+class CountedSet(set[Lease]):
+    """The attached queues; counts the loop's ticks (each reads them once)."""
+
+    def __init__(self, queues: list[Lease]) -> None:
+        super().__init__(queues)
+        self.ticks = 0
+        self.ticked = asyncio.Event()
+
+    def __iter__(self) -> Iterator[Lease]:
+        self.ticks += 1
+        self.ticked.set()
+        return super().__iter__()
+
+
+async def test_a_renewal_held_up_by_an_outage_is_not_sent_again_meanwhile() -> None:
+    attached = CountedSet(leases(4))
+    calls: list[Sequence[Lease]] = []
+    outage_over = asyncio.Event()
+
+    async def renew(queues: Sequence[Lease]) -> None:
+        calls.append(queues)
+        await outage_over.wait()
+
+    task = asyncio.create_task(renew_in_slices(attached, 0.2, renew))  # 2 slices
+    try:
+        while attached.ticks < 7:  # three rounds and more
+            attached.ticked.clear()
+            await attached.ticked.wait()
+        assert Counter(q for call in calls for q in call) == Counter(attached)  # once each
+        outage_over.set()
+        start = len(calls)
+        while len(calls) < start + 2:  # renewed again once the first came back
+            attached.ticked.clear()
+            await attached.ticked.wait()
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
