@@ -304,8 +304,9 @@ class Consumer:
         return self
 
     async def __anext__(self) -> Delivery:
-        if self.wake.give_backs != self._give_backs:
-            await self._give_back_read_ahead()
+        wake = self.wake
+        if wake.give_backs != self._give_backs or not wake.online.is_set():
+            await self._before_hand_out()
         if self._index >= len(self._batch) or (self._lapses and self._lapsed()):
             await self._refill()
         delivery = self._batch[self._index]
@@ -320,8 +321,9 @@ class Consumer:
 
         For relays (such as the gateway) that move deliveries in bulk: one await per
         read instead of one per message. Mixing it with iteration is fine."""
-        if self.wake.give_backs != self._give_backs:
-            await self._give_back_read_ahead()
+        wake = self.wake
+        if wake.give_backs != self._give_backs or not wake.online.is_set():
+            await self._before_hand_out()
         if self._index >= len(self._batch) or (self._lapses and self._lapsed()):
             await self._refill()
         batch = self._batch[self._index :]
@@ -368,6 +370,19 @@ class Consumer:
     def last_handed_out(self) -> Delivery | None:
         """The last delivery handed out, if any."""
         return self._batch[self._index - 1] if self._index else self._last
+
+    async def _before_hand_out(self) -> None:
+        """The queue's shard is offline, or its consumers were told to give back.
+
+        At-least-once, nothing is handed out while the shard is offline: the probe that
+        brings it back first says whether the master moved, and if it did the read-ahead
+        is given back instead (a delivery handed out during the outage could run beside
+        a redelivery, by the new master, of an earlier message of its key). Deliveries
+        handed out then could not be acked before the shard is back anyway."""
+        if self.mode is Mode.AT_LEAST_ONCE:
+            await self.wake.online.wait()
+        if self.wake.give_backs != self._give_backs:
+            await self._give_back_read_ahead()
 
     async def _give_back_read_ahead(self) -> None:
         """The queue was paused, or its shard's master moved: give back what was fetched

@@ -48,6 +48,10 @@ PAUSED = b"p"
 """Published after ``c`` when a queue was paused (see :attr:`WakeUp.give_backs`)."""
 
 
+ALWAYS_ONLINE = asyncio.Event()
+ALWAYS_ONLINE.set()  # no loop is bound: waiting on a set event returns at once
+
+
 class WakeUp(asyncio.Event):
     """A consumer's wake-up; ``recheck`` is set with it when the queue's controls or
     schedule may have changed (the consumer clears it before a full read)."""
@@ -59,6 +63,10 @@ class WakeUp(asyncio.Event):
     """How many times the consumer was told to give back what it fetched and has not
     handed out (at-least-once): the queue was paused, or its shard's master moved (a
     promoted replica may not have seen the reads and acks that fetched it)."""
+    online: asyncio.Event = ALWAYS_ONLINE
+    """Set while the queue's shard is online (the shard's own event, once a local reader
+    watches): an at-least-once consumer hands nothing out while it is clear, since the
+    probe that brings the shard back says first whether the master moved."""
 
 
 def mark_give_back(events: Iterable[asyncio.Event]) -> None:

@@ -190,6 +190,11 @@ class Shard:
     def start(self) -> None:
         self._monitor = asyncio.create_task(self._monitor_loop(), name=f"busmq-health {self.label}")
 
+    @property
+    def online(self) -> asyncio.Event:
+        """Set while the shard is online."""
+        return self._online
+
     async def wait_online(self, timeout: float) -> bool:
         try:
             async with asyncio.timeout(timeout):

@@ -29,8 +29,9 @@ from busmq import (
     Event,
     Mode,
 )
+from busmq.consumer import Consumer
 from busmq.keys import CONSUMER_GROUP, QueueKeys
-from busmq.shard import shard_identity
+from busmq.shard import Shard, ShardState, shard_identity
 from busmq.sharding import rank
 from tests.conftest import FAST, fast_settings
 from tests.support.loops import END, Ledger, consume, produce
@@ -556,3 +557,40 @@ async def test_the_readme_loops_ride_through_redis_restarts(
     # Each says which request id to retry with.
     assert all(isinstance(e, BusUnavailableError) and e.request_id for e in ledger.push_errors)
     print(f"\n3 restarts: {ledger.deliveries} deliveries, {len(ledger.push_errors)} push errors")
+
+
+async def test_an_at_least_once_consumer_hands_nothing_out_while_its_shard_is_offline(
+    redis_server: RedisServer, make_bus: MakeBus
+) -> None:
+    # Its read-ahead waits for the probe that brings the shard back (which would have it
+    # given back if the master had moved); here the same server came back, so the same
+    # deliveries come next, in order, handed out only once the shard is online.
+    bus = await make_bus([redis_server.url], operation_timeout=1.0)
+    shard = bus.shards[0]
+    offline = asyncio.Event()
+    bus.events.on(lambda event: offline.set() if event.kind == "offline" else None)
+    queue = bus.queue("held-back")
+    await queue.attach()
+    ids = await queue.push_batch([f"m{i}" for i in range(20)])
+    handed_out: list[tuple[int, int, ShardState]] = []
+    async with queue.consume(Mode.AT_LEAST_ONCE, prefetch=20, visibility_timeout=60) as c:
+        first = await anext(c)
+        await first.ack()
+        redis_server.kill()
+        await redis_server.wait_exit()
+        await offline.wait()
+        rest = asyncio.create_task(collect(c, 19, handed_out, shard))
+        await redis_server.start()  # from its append-only file: the same deliveries pending
+        await asyncio.wait_for(rest, 30)
+    assert [i for i, _, _ in handed_out] == ids[1:]
+    assert {state for _, _, state in handed_out} == {ShardState.ONLINE}
+    assert {count for _, count, _ in handed_out} == {1}  # the same master: not given back
+
+
+async def collect(
+    consumer: Consumer, n: int, into: list[tuple[int, int, ShardState]], shard: Shard
+) -> None:
+    """Hand out ``n`` deliveries, noting the shard's state as each is handed out."""
+    while len(into) < n:
+        delivery = await anext(consumer)
+        into.append((delivery.id, delivery.delivery_count, shard.state))
