@@ -184,6 +184,7 @@ class Consumer:
         self._acks = AckBatcher(queue.name, self._flush_acks)
         self.wake = WakeUp()  # a local reader's, from the notifier, once reading
         self._give_backs = 0  # the wake-up's give-backs seen (see _give_back_read_ahead)
+        self._ended = asyncio.Event()  # set by close()
 
     def __repr__(self) -> str:
         return f"<Consumer {self.queue.name!r} {self.mode.value} {self.name or '-'}>"
@@ -281,6 +282,7 @@ class Consumer:
             await asyncio.gather(self._task, return_exceptions=True)
         leftovers, _ = self.take_read_ahead()
         self._finished = True
+        self._ended.set()  # an iteration held back by an outage (_before_hand_out)
         self._buffer.put_nowait(End())  # wakes an iteration blocked in another task
         await self._acks.drain()
         await self.reader.finish(self, leftovers)
@@ -305,7 +307,7 @@ class Consumer:
 
     async def __anext__(self) -> Delivery:
         wake = self.wake
-        if wake.give_backs != self._give_backs or not wake.online.is_set():
+        if wake.give_backs != self._give_backs or not wake.serving.is_set():
             await self._before_hand_out()
         if self._index >= len(self._batch) or (self._lapses and self._lapsed()):
             await self._refill()
@@ -322,7 +324,7 @@ class Consumer:
         For relays (such as the gateway) that move deliveries in bulk: one await per
         read instead of one per message. Mixing it with iteration is fine."""
         wake = self.wake
-        if wake.give_backs != self._give_backs or not wake.online.is_set():
+        if wake.give_backs != self._give_backs or not wake.serving.is_set():
             await self._before_hand_out()
         if self._index >= len(self._batch) or (self._lapses and self._lapsed()):
             await self._refill()
@@ -379,8 +381,14 @@ class Consumer:
         is given back instead (a delivery handed out during the outage could run beside
         a redelivery, by the new master, of an earlier message of its key). Deliveries
         handed out then could not be acked before the shard is back anyway."""
-        if self.mode is Mode.AT_LEAST_ONCE:
-            await self.wake.online.wait()
+        serving = self.wake.serving
+        if self.mode is Mode.AT_LEAST_ONCE and not serving.is_set() and not self._finished:
+            waits = [asyncio.ensure_future(e.wait()) for e in (serving, self._ended)]
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for wait in waits:
+                    wait.cancel()
         if self.wake.give_backs != self._give_backs:
             await self._give_back_read_ahead()
 

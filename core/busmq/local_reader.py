@@ -97,7 +97,7 @@ class LocalReader:
         assert shard is not None, "open() locates the queue"
         name = consumer.queue.name
         wake = await shard.notifier.watch(name)
-        wake.online = shard.online
+        wake.serving = shard.serving
         store.wakes.discard(consumer.wake)
         store.wakes.add(wake)
         consumer.wake = wake

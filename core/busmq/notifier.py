@@ -48,8 +48,8 @@ PAUSED = b"p"
 """Published after ``c`` when a queue was paused (see :attr:`WakeUp.give_backs`)."""
 
 
-ALWAYS_ONLINE = asyncio.Event()
-ALWAYS_ONLINE.set()  # no loop is bound: waiting on a set event returns at once
+ALWAYS_SERVING = asyncio.Event()
+ALWAYS_SERVING.set()  # no loop is bound: waiting on a set event returns at once
 
 
 class WakeUp(asyncio.Event):
@@ -63,9 +63,9 @@ class WakeUp(asyncio.Event):
     """How many times the consumer was told to give back what it fetched and has not
     handed out (at-least-once): the queue was paused, or its shard's master moved (a
     promoted replica may not have seen the reads and acks that fetched it)."""
-    online: asyncio.Event = ALWAYS_ONLINE
-    """Set while the queue's shard is online (the shard's own event, once a local reader
-    watches): an at-least-once consumer hands nothing out while it is clear, since the
+    serving: asyncio.Event = ALWAYS_SERVING
+    """Clear while the queue's shard is offline (the shard's own event, once a local
+    reader watches): an at-least-once consumer hands nothing out meanwhile, since the
     probe that brings the shard back says first whether the master moved."""
 
 

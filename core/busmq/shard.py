@@ -143,6 +143,8 @@ class Shard:
         """Whether pushes announce themselves with ``SPUBLISH`` (a Redis 7 cluster)."""
         self.state = ShardState.CONNECTING
         self._online = asyncio.Event()
+        self._serving = asyncio.Event()  # clear only while offline (see serving)
+        self._serving.set()
         self._wake_monitor = asyncio.Event()
         self._monitor: asyncio.Task[None] | None = None
 
@@ -191,9 +193,10 @@ class Shard:
         self._monitor = asyncio.create_task(self._monitor_loop(), name=f"busmq-health {self.label}")
 
     @property
-    def online(self) -> asyncio.Event:
-        """Set while the shard is online."""
-        return self._online
+    def serving(self) -> asyncio.Event:
+        """Clear while the shard is offline (a call or probe failed, and no probe got
+        through since); set otherwise, a closed shard included."""
+        return self._serving
 
     async def wait_online(self, timeout: float) -> bool:
         try:
@@ -330,6 +333,10 @@ class Shard:
             log.info("redis shard %s online", self.label)
         else:
             self._online.clear()
+        if state is ShardState.OFFLINE:
+            self._serving.clear()
+        else:
+            self._serving.set()
         if state in (ShardState.ONLINE, ShardState.OFFLINE):
             self._events.emit(Event(state.value, self.label))
 

@@ -594,3 +594,24 @@ async def collect(
     while len(into) < n:
         delivery = await anext(consumer)
         into.append((delivery.id, delivery.delivery_count, shard.state))
+
+
+async def test_closing_a_consumer_during_an_outage_ends_an_iteration_held_back(
+    redis_server: RedisServer, make_bus: MakeBus
+) -> None:
+    bus = await make_bus([redis_server.url], operation_timeout=1.0, failover_timeout=1.0)
+    offline = asyncio.Event()
+    bus.events.on(lambda event: offline.set() if event.kind == "offline" else None)
+    queue = bus.queue("closed-in-outage")
+    await queue.attach()
+    await queue.push_batch([f"m{i}" for i in range(5)])
+    consumer = queue.consume(Mode.AT_LEAST_ONCE, prefetch=5, visibility_timeout=60)
+    first = await anext(consumer)
+    await first.ack()
+    redis_server.kill()
+    await redis_server.wait_exit()
+    await offline.wait()
+    held_back = asyncio.create_task(anext(consumer))
+    await consumer.close()  # its give-back fails with the shard down: redelivered later
+    with pytest.raises(StopAsyncIteration):
+        await asyncio.wait_for(held_back, 10)
