@@ -91,8 +91,12 @@ async def _stop(tasks: Sequence[asyncio.Task[None]], queue: Queue) -> None:
     await queue.close()
 
 
-async def flood(bus: Bus, args: argparse.Namespace, ordered: bool, tag: str) -> float:
-    """Messages per second settled with producers and consumers running together."""
+async def flood(
+    bus: Bus, raw: aioredis.Redis, args: argparse.Namespace, ordered: bool, tag: str
+) -> tuple[float, float, float]:
+    """Messages per second settled with producers and consumers running together, and
+    the CPU per message in microseconds of this process (producers and consumers) and
+    of Redis: which of the two limits the flood."""
     queue = await _queue(bus, f"flood-{int(ordered)}-{tag}", ordered)
     batches = itertools.cycle(keyed_batches(args.keys, args.batch))
     settled, pushed = Settled(), 0
@@ -111,10 +115,13 @@ async def flood(bus: Bus, args: argparse.Namespace, ordered: bool, tag: str) -> 
     ]
     await asyncio.sleep(args.warmup)
     start, before = time.perf_counter(), settled.count
+    client, server = time.process_time(), await _redis_cpu(raw)
     await asyncio.sleep(args.seconds)
-    rate = (settled.count - before) / (time.perf_counter() - start)
+    done = settled.count - before
+    rate = done / (time.perf_counter() - start)
+    client, server = time.process_time() - client, await _redis_cpu(raw) - server
     await _stop(tasks, queue)
-    return rate
+    return rate, client / done * 1e6, server / done * 1e6
 
 
 async def _redis_cpu(raw: aioredis.Redis) -> float:
@@ -197,7 +204,7 @@ def _median(runs: Sequence[Sequence[float]]) -> list[float]:
 
 async def run(url: str, args: argparse.Namespace) -> str:
     """Every figure against the Redis at ``url``; the report's text."""
-    floods: dict[bool, list[float]] = {False: [], True: []}
+    floods: dict[bool, list[tuple[float, float, float]]] = {False: [], True: []}
     drains: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
     names = {"plain": (False, False), "ordered": (True, False), "ordered, hot key": (True, True)}
     paces: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name in names}
@@ -207,20 +214,23 @@ async def run(url: str, args: argparse.Namespace) -> str:
             for round_ in range(args.rounds):
                 tag = str(round_)
                 for ordered in (False, True):
-                    floods[ordered].append(await flood(bus, args, ordered, tag))
+                    floods[ordered].append(await flood(bus, raw, args, ordered, tag))
                     drains[ordered].append(await drain(bus, raw, args, ordered, tag))
                 for name, (ordered, hot) in names.items():
                     paces[name].append(await paced(bus, args, ordered, hot, tag))
     finally:
         await raw.aclose()
-    plain_flood, ordered_flood = (statistics.median(floods[o]) for o in (False, True))
+    plain_flood, plain_client, plain_server = _median(floods[False])
+    ordered_flood, ordered_client, ordered_server = _median(floods[True])
     plain_rate, plain_cpu = _median(drains[False])
     ordered_rate, ordered_cpu = _median(drains[True])
     lines = [
         f"ordering per key: {args.keys:,} keys, {args.consumers} consumers, at-least-once, "
         f"medians of {args.rounds} interleaved rounds",
         f"  flood ({args.producers} producers)  plain {plain_flood:>9,.0f} msg/s   ordered "
-        f"{ordered_flood:>9,.0f} msg/s   {ordered_flood / plain_flood:4.2f}x",
+        f"{ordered_flood:>9,.0f} msg/s   {ordered_flood / plain_flood:4.2f}x   client CPU "
+        f"{plain_client:.1f} / {ordered_client:.1f}, Redis CPU {plain_server:.1f} / "
+        f"{ordered_server:.1f} us per message",
         f"  drain {args.drain:,}        plain {plain_rate:>9,.0f} msg/s   ordered "
         f"{ordered_rate:>9,.0f} msg/s   {ordered_rate / plain_rate:4.2f}x   Redis CPU "
         f"{plain_cpu:.1f} / {ordered_cpu:.1f} us per message",
