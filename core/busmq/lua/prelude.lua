@@ -33,24 +33,44 @@ local function trim_age(stream, cutoff)
   redis.call('XTRIM', stream, 'MINID', string.format('%d-0', tonumber(string.match(last, '^(%d+)')) + 1))
 end
 
+-- The oldest entry of a destructive queue still unsettled, as (ms, seq) of its stream id:
+-- the first pending, the first parked (a retry, a delivery given back, an entry waiting
+-- for its key), or the one after the group's last delivered. Every entry below it was
+-- delivered and settled, or read at most once. nil when the stream has no group.
+local function settled_floor(stream, parked)
+  local ok, groups = pcall(redis.call, 'XINFO', 'GROUPS', stream)
+  if not ok then return nil end
+  local floor_ms, floor_seq
+  for _, g in ipairs(groups) do
+    if g[2] == GROUP then
+      local ms, seq = string.match(g[8], '^(%d+)-(%d+)$')
+      floor_ms, floor_seq = tonumber(ms), tonumber(seq) + 1
+    end
+  end
+  if not floor_ms then return nil end
+  local pending = redis.call('XPENDING', stream, GROUP, '-', '+', 1)[1]
+  if pending then
+    local ms, seq = string.match(pending[1], '^(%d+)-(%d+)$')
+    ms, seq = tonumber(ms), tonumber(seq)
+    if ms < floor_ms or (ms == floor_ms and seq < floor_seq) then floor_ms, floor_seq = ms, seq end
+  end
+  local first = parked and redis.call('ZRANGE', parked, 0, 0, 'WITHSCORES')[2]
+  if first and tonumber(first) <= floor_ms then floor_ms, floor_seq = tonumber(first), 0 end
+  return floor_ms, floor_seq
+end
+
+-- Trim the entries below settled_floor; how many went (0 without a group).
+local function trim_settled(stream, parked)
+  local floor_ms, floor_seq = settled_floor(stream, parked)
+  if not floor_ms then return 0, nil, nil end
+  return redis.call('XTRIM', stream, 'MINID', string.format('%d-%d', floor_ms, floor_seq)), floor_ms, floor_seq
+end
+
 -- In a destructive queue, remove messages the consumer group has moved past and that
 -- are not pending: at-most-once reads delete what they read right after reading, and
 -- this collects what a consumer that died in between left behind.
 local function collect_consumed(stream, parked)
-  local ok, groups = pcall(redis.call, 'XINFO', 'GROUPS', stream)
-  if not ok then return end
-  for _, g in ipairs(groups) do
-    if g[2] == GROUP then
-      local floor = tonumber(string.match(g[8], '^(%d+)')) + 1
-      local summary = redis.call('XPENDING', stream, GROUP)
-      if summary[1] > 0 then
-        floor = math.min(floor, tonumber(string.match(summary[2], '^(%d+)')))
-      end
-      local waiting = parked and redis.call('ZRANGE', parked, 0, 0, 'WITHSCORES') or {}
-      if waiting[2] then floor = math.min(floor, tonumber(waiting[2])) end
-      redis.call('XTRIM', stream, 'MINID', string.format('%d-0', floor))
-    end
-  end
+  trim_settled(stream, parked)
 end
 
 -- Expire every key of the queue when the last lease lapses plus the idle ttl.
