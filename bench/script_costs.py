@@ -5,9 +5,10 @@ script spends inside Redis. This bench calls the scripts the consumers call, as 
 them, and reads that time from ``INFO commandstats`` around each call (execution time
 only: no network, no client), so its figures move only when the scripts do:
 
-- **plain**: the lean ``XREADGROUP`` an unordered at-least-once consumer reads with, then
-  ``ack.lua``;
-- **ordered**: ``read.lua`` on a queue ordered per header ``customer``, then ``ack.lua``.
+- **plain**: ``push.lua``, the lean ``XREADGROUP`` an unordered at-least-once consumer
+  reads with, then ``ack.lua``;
+- **ordered**: ``push.lua``, ``read.lua`` on a queue ordered per header ``customer``, then
+  ``ack.lua``.
 
 ``--messages`` (30,000) are pushed first, each with one of ``--keys`` (10,000) keys at
 random. ``--consumers`` (1) read ``--batch`` (100) each in turn; then their batches are
@@ -65,17 +66,21 @@ async def _read(
 
 async def measure(
     raw: aioredis.Redis, bus: Bus, args: argparse.Namespace, ordered: bool, tag: str
-) -> tuple[float, float]:
-    """Median microseconds per message of a read and of an ack."""
+) -> tuple[float, float, float]:
+    """Median microseconds per message of a push, a read and an ack."""
     queue = bus.queue(f"costs-{int(ordered)}-{tag}")
     await queue.attach()
     if ordered:
         await queue.set_ordering("customer")
     rng = random.Random(39)
+    pushes: list[float] = []
     for _ in range(0, args.messages, args.batch):
-        await queue.push_batch(
-            [(b"x" * 32, {"customer": str(rng.randrange(args.keys))}) for _ in range(args.batch)]
-        )
+        batch = [
+            (b"x" * 32, {"customer": str(rng.randrange(args.keys))}) for _ in range(args.batch)
+        ]
+        before = await _usec(raw, "evalsha")
+        await queue.push_batch(batch)
+        pushes.append((await _usec(raw, "evalsha") - before) / len(batch))
     store = queue.store
     ack_sha, _ = bus.scripts.source("ack")
     reads: list[float] = []
@@ -97,15 +102,15 @@ async def measure(
             acks.append((await _usec(raw, "evalsha") - before) / len(ids))
             done += len(ids)
     await queue.close()
-    return statistics.median(reads), statistics.median(acks)
+    return statistics.median(pushes), statistics.median(reads), statistics.median(acks)
 
 
 async def run(url: str, args: argparse.Namespace) -> str:
     raw = aioredis.from_url(url)
-    runs: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
+    runs: dict[bool, list[tuple[float, float, float]]] = {False: [], True: []}
     try:
         async with Bus(BusSettings(redis_urls=(url,))) as bus:
-            for name in ("read", "ack"):  # loaded before the first call is timed
+            for name in ("push", "read", "ack"):  # loaded before the first call is timed
                 await raw.script_load(bus.scripts.source(name)[1])
             for round_ in range(args.rounds):
                 for ordered in (False, True):
@@ -117,13 +122,12 @@ async def run(url: str, args: argparse.Namespace) -> str:
         f"{args.keys:,} keys, medians of {args.rounds} rounds"
     ]
     for ordered in (False, True):
-        read = statistics.median(r for r, _ in runs[ordered])
-        ack = statistics.median(a for _, a in runs[ordered])
-        rounds = " ".join(f"{r:.2f}/{a:.2f}" for r, a in runs[ordered])
+        push, read, ack = (statistics.median(run[i] for run in runs[ordered]) for i in range(3))
+        rounds = " ".join("/".join(f"{x:.2f}" for x in run) for run in runs[ordered])
         name = "ordered" if ordered else "plain"
         lines.append(
-            f"  {name:<8} read {read:6.2f}  ack {ack:6.2f}  total {read + ack:6.2f}"
-            f"   (rounds, read/ack: {rounds})"
+            f"  {name:<8} push {push:6.2f}  read {read:6.2f}  ack {ack:6.2f}  "
+            f"total {push + read + ack:6.2f}   (rounds, push/read/ack: {rounds})"
         )
     return "\n".join(lines)
 

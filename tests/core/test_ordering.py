@@ -253,6 +253,20 @@ async def test_bad_input_gets_clear_errors(one_bus: Bus) -> None:
             await queue.set_ordering("k")
 
 
+@pytest.mark.parametrize("unit", ["x", "é", '"'], ids=["ascii", "two-byte-utf8", "escaped-in-json"])
+async def test_the_ordering_key_limit_counts_the_keys_own_bytes(one_bus: Bus, unit: str) -> None:
+    """The push script decodes headers only when they are longer than a key may be: the
+    limit holds at its edge whatever the key's JSON encoding adds."""
+    fits = "x" * (1024 % len(unit.encode())) + unit * (1024 // len(unit.encode()))
+    assert len(fits.encode()) == 1024
+    async with one_bus.queue(f"ordered-limit-{ord(unit)}") as queue:
+        await queue.set_ordering("k")
+        await queue.push_batch([("fits", {"k": fits})])
+        with pytest.raises(OrderingError, match="more than an ordering key may be"):
+            await queue.push_batch([("too long", {"k": fits + unit})])
+        assert await queue.count() == 1
+
+
 async def test_forward_keeps_the_order_per_key_into_an_ordered_target(one_bus: Bus) -> None:
     keys = [f"k{i}" for i in range(5)]
     rng = random.Random(39)

@@ -144,28 +144,28 @@ end
 -- take(key, sid): may entry sid (pending for a consumer) of key go out now? It takes the
 -- key if no one holds it; else it leaves the pending list and waits its turn in `blocked`.
 local function order_taker(q)
-  local t = {cache = {}, sets = {}}
+  local t = {}
+  local cache, sets, n = {}, {}, 0
   function t.prefetch(keys)
     if #keys == 0 then return end
     local fields = {}
     for i, key in ipairs(keys) do fields[i] = 'k:' .. key end
     local values = redis.call('HMGET', q.held, unpack(fields))
-    for i, key in ipairs(keys) do t.cache[key] = values[i] end
+    for i, key in ipairs(keys) do cache[key] = values[i] end
   end
   function t.flush()
-    if #t.sets > 0 then redis.call('HSET', q.held, HELD_PIN, HELD_PIN_VALUE, unpack(t.sets)) end
-    t.sets, t.cache = {}, {}
+    if n > 0 then redis.call('HSET', q.held, HELD_PIN, HELD_PIN_VALUE, unpack(sets, 1, n)) end
+    cache, sets, n = {}, {}, 0
   end
   function t.take(key, sid)
-    local value = t.cache[key]
+    local value = cache[key]
     if value == nil then value = redis.call('HGET', q.held, 'k:' .. key) end
     local holder, waiting = holding(value)
     if holder == sid then return true end
-    local sets = t.sets
     value = holder and held_value(holder, waiting + 1) or sid
-    t.cache[key] = value
-    sets[#sets + 1] = 's:' .. sid; sets[#sets + 1] = key
-    sets[#sets + 1] = 'k:' .. key; sets[#sets + 1] = value
+    cache[key] = value
+    sets[n + 1], sets[n + 2], sets[n + 3], sets[n + 4] = 's:' .. sid, key, 'k:' .. key, value
+    n = n + 4
     if not holder then return true end
     redis.call('XACK', q.stream, GROUP, sid)
     redis.call('ZADD', q.blocked, 0, wait_member(key, sid))
@@ -206,43 +206,54 @@ local function order_settled_all(o, sids)
     end
     if #seen > 0 then
       local values = redis.call('HMGET', o.held, unpack(key_fields))
-      local state = {}
+      -- The usual case, a holder nobody waits for, frees its key without a table of its
+      -- own (FREE marks the key done); the rest keeps a key's state in one.
+      local state, FREE = {}, {}
       for i, sid in ipairs(seen) do
         local key = seen_keys[i]
         local current = state[key]
-        if not current then
-          local holder, waiting = holding(values[i])
-          current = {holder = holder, waiting = waiting, freed = false}
-          state[key] = current
-        end
-        if current.holder == sid then
-          current.freed = true
-        elseif redis.call('ZREM', o.blocked, wait_member(key, sid)) == 1 then
-          current.waiting = current.waiting - 1 -- settled while it waited
+        if not current and values[i] == sid then
+          state[key] = FREE
+          drop[#drop + 1] = key_fields[i]
+        elseif current == FREE then
+          redis.call('ZREM', o.blocked, wait_member(key, sid))
+        else
+          if not current then
+            local holder, waiting = holding(values[i])
+            current = {holder = holder, waiting = waiting, freed = false}
+            state[key] = current
+          end
+          if current.holder == sid then
+            current.freed = true
+          elseif redis.call('ZREM', o.blocked, wait_member(key, sid)) == 1 then
+            current.waiting = current.waiting - 1 -- settled while it waited
+          end
         end
       end
       local set = {}
       for key, current in pairs(state) do
-        local holder = current.holder
-        if current.freed then
-          holder = nil
-          if current.waiting > 0 then
-            local prefix = key_prefix(key)
-            local nxt = redis.call('ZRANGEBYLEX', o.blocked, '[' .. prefix, '[' .. prefix .. '\255', 'LIMIT', 0, 1)[1]
-            if nxt then
-              redis.call('ZREM', o.blocked, nxt)
-              holder = member_sid(nxt)
-              current.waiting = current.waiting - 1
-              redis.call('ZADD', o.due, position(holder), 'o:' .. holder)
-              promoted = true
+        if current ~= FREE then
+          local holder = current.holder
+          if current.freed then
+            holder = nil
+            if current.waiting > 0 then
+              local prefix = key_prefix(key)
+              local nxt = redis.call('ZRANGEBYLEX', o.blocked, '[' .. prefix, '[' .. prefix .. '\255', 'LIMIT', 0, 1)[1]
+              if nxt then
+                redis.call('ZREM', o.blocked, nxt)
+                holder = member_sid(nxt)
+                current.waiting = current.waiting - 1
+                redis.call('ZADD', o.due, position(holder), 'o:' .. holder)
+                promoted = true
+              end
             end
           end
-        end
-        if holder then
-          set[#set + 1] = 'k:' .. key
-          set[#set + 1] = held_value(holder, math.max(current.waiting, 0))
-        else
-          drop[#drop + 1] = 'k:' .. key
+          if holder then
+            set[#set + 1] = 'k:' .. key
+            set[#set + 1] = held_value(holder, math.max(current.waiting, 0))
+          else
+            drop[#drop + 1] = 'k:' .. key
+          end
         end
       end
       redis.call('HDEL', o.held, unpack(drop))
