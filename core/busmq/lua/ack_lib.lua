@@ -35,8 +35,11 @@ end
 -- largest part of an ack), then deletes only those above it. An ordered queue's waiting
 -- entries often hold that floor down: the trim removes nothing and the ack pays its
 -- three lookups (not per message) for nothing.
+local TRIM_FROM = 16 -- acked entries: below, the trim's lookups cost more than it saves
+
 local function delete_acked(a, acked)
-  local trimmed, floor_ms, floor_seq = trim_settled(a.stream, a.parked)
+  local trimmed, floor_ms, floor_seq = 0, nil, nil
+  if #acked >= TRIM_FROM then trimmed, floor_ms, floor_seq = trim_settled(a.stream, a.parked) end
   if trimmed > 0 then
     local rest = {}
     for _, sid in ipairs(acked) do
