@@ -187,6 +187,7 @@ def awaiting(coroutine: Any) -> list[str]:
 
 @cpu_heavy
 @pytest.mark.slow
+@pytest.mark.timeout(300)  # 20-30 s alone; beside the Spark JVM under coverage on a slow VM, 112 s
 async def test_a_killed_gateway_and_a_rolling_restart_lose_nothing(fleet: Fleet) -> None:
     """SIGKILL one gateway, then restart all three one by one (SIGTERM: drain), under
     1,000 msg/s: every acknowledged push is consumed, the loop never raises."""
