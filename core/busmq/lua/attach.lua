@@ -29,7 +29,9 @@ end
 redis.call('ZADD', leases, now + tonumber(ARGV[2]), ARGV[1])
 local conf = redis.call('HMGET', info, 'maxage', 'mode')
 if conf[1] then trim_age(stream, now - tonumber(conf[1])) end
-if conf[2] == 'destructive' then collect_consumed(stream, q.parked) end
+-- At-most-once reads delete what they read right after reading: this collects what a
+-- consumer that died in between left behind.
+if conf[2] == 'destructive' then trim_settled(stream, q.parked) end
 local ttl = tonumber(redis.call('HGET', info, 'ttl'))
 local attachments = refresh_expiry(q.all, leases, now, ttl)
 outlive(dq, q)

@@ -66,13 +66,6 @@ local function trim_settled(stream, parked)
   return redis.call('XTRIM', stream, 'MINID', string.format('%d-%d', floor_ms, floor_seq)), floor_ms, floor_seq
 end
 
--- In a destructive queue, remove messages the consumer group has moved past and that
--- are not pending: at-most-once reads delete what they read right after reading, and
--- this collects what a consumer that died in between left behind.
-local function collect_consumed(stream, parked)
-  trim_settled(stream, parked)
-end
-
 -- Expire every key of the queue when the last lease lapses plus the idle ttl.
 local function refresh_expiry(keys, leases, now, ttl)
   redis.call('ZREMRANGEBYSCORE', leases, '-inf', now)
