@@ -127,6 +127,11 @@ class ClusterNotifier:
         await self._notifier(address).adopt(channel, wake)
         return wake
 
+    def nudge(self, channel: bytes) -> None:
+        address = self._homes.get(channel)
+        if address is not None:
+            self._notifiers[address].nudge(channel)
+
     def node_watching(self, queue: str) -> tuple[str, int] | None:
         """The node on which ``queue``'s wake-ups are watched, if they are."""
         return self._homes.get(QueueKeys(queue).notify_channel.encode())

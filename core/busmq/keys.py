@@ -120,6 +120,10 @@ class QueueKeys:
         return f"{self.tag}:n"
 
     @cached_property
+    def notify_channel_bytes(self) -> bytes:
+        return self.notify_channel.encode()
+
+    @cached_property
     def due(self) -> str:
         return f"{self.tag}:d"
 

@@ -119,6 +119,7 @@ class LocalReader:
                     backoff = min(backoff * 2, store.bus.settings.reconnect_backoff_max)
                     continue
                 except GroupMissing:
+                    wake.covered = 0
                     await store.prepare_consumer(
                         consumer.mode.family, consumer.mode is Mode.AT_LEAST_ONCE
                     )
@@ -137,10 +138,16 @@ class LocalReader:
                     # Drained: wait for a wake-up rather than make the empty read that
                     # would follow (a push during the read set ``wake`` already), or
                     # until something the read script reported is due.
+                    if wake.stale():
+                        wake.clear()  # only publications of what this read received
                     idle = self._idle_seconds(consumer)
                     if self._due_in is not None:
                         idle = min(idle, self._due_in)
-                    await wait_for_wakeup(wake, idle, shard.notifier.tick)
+                    wake.nudgeable = self._lean and not wake.recheck
+                    try:
+                        await wait_for_wakeup(wake, idle, shard.notifier.tick)
+                    finally:
+                        wake.nudgeable = False
         finally:
             await shard.notifier.unwatch(name, wake)
 
@@ -215,13 +222,17 @@ class LocalReader:
             entries = await read_lean(self.store, consumer.name, count, noack)
             self._due_in = None
             if noack:
-                return [Delivery(decode_raw(eid, fields), 1, None) for eid, fields in entries]
-            settle_one, control = consumer.settle_one, consumer.settle_other
-            forward = consumer.forward
-            return [
-                Delivery(decode_raw(eid, fields), 1, settle_one, control, forward)
-                for eid, fields in entries
-            ]
+                deliveries = [Delivery(decode_raw(eid, fields), 1, None) for eid, fields in entries]
+            else:
+                settle_one, control = consumer.settle_one, consumer.settle_other
+                forward = consumer.forward
+                deliveries = [
+                    Delivery(decode_raw(eid, fields), 1, settle_one, control, forward)
+                    for eid, fields in entries
+                ]
+            wake.cover(deliveries[-1].id if deliveries else 0)
+            return deliveries
+        wake.covered = 0
         # Cleared before the read: a change announced while it runs marks it again.
         wake.recheck = False
         self._lean = False

@@ -29,6 +29,7 @@ import asyncio
 import collections
 import logging
 import random
+import time
 from collections.abc import Iterable
 from typing import Any, Protocol
 
@@ -47,6 +48,13 @@ versions, whose pushes never publish it)."""
 PAUSED = b"p"
 """Published after ``c`` when a queue was paused (see :attr:`WakeUp.give_backs`)."""
 
+
+COVER_SECONDS = 1.0
+"""How long after a plain read a publication of an id it received is taken for the late
+announcement of that message (:meth:`WakeUp.publication`). A read nudged by a push of
+this process goes out with the push, so the push's announcement comes back around the
+read's reply, often after it; later than this, an id that low means the queue's ids
+started again (it was destroyed and created anew), and it wakes the consumer."""
 
 ALWAYS_SERVING = asyncio.Event()
 ALWAYS_SERVING.set()  # no loop is bound: waiting on a set event returns at once
@@ -67,6 +75,48 @@ class WakeUp(asyncio.Event):
     """Clear while the queue's shard is offline (the shard's own event, once a local
     reader watches): an at-least-once consumer hands nothing out meanwhile, since the
     probe that brings the shard back says first whether the master moved."""
+    published = 0
+    """The highest id published since the last :meth:`clear` (0: none)."""
+    news = False
+    """Set since the last :meth:`clear` by something other than an id publication (a
+    tick, a change of controls, a give-back, a :meth:`Notifier.nudge`)."""
+    covered = 0
+    """The last message id the consumer's last plain read received (0: none, or not
+    known): every message up to it was read by the group, so a publication of it or
+    of an earlier one is no news (see :meth:`cover`). Reset when a publication may have
+    been missed or the queue's master changed (:func:`mark_recheck`)."""
+    covered_until = 0.0
+    nudgeable = False
+    """The consumer waits for a wake-up and its next read is a plain ``XREADGROUP``
+    (see :meth:`Notifier.nudge`)."""
+
+    def set(self) -> None:
+        self.news = True
+        super().set()
+
+    def clear(self) -> None:
+        self.published = 0
+        self.news = False
+        super().clear()
+
+    def cover(self, last_id: int) -> None:
+        """The consumer's plain read just received messages up to ``last_id`` (0: none)."""
+        self.covered = last_id
+        self.covered_until = time.monotonic() + COVER_SECONDS
+
+    def publication(self, last_id: int) -> None:
+        """A push stored messages up to ``last_id``."""
+        self.woken = True  # see Notifier._on_tick
+        if last_id <= self.covered and time.monotonic() < self.covered_until:
+            return  # the announcement of a push that a read took already (see cover)
+        if last_id > self.published:
+            self.published = last_id
+        asyncio.Event.set(self)
+
+    def stale(self) -> bool:
+        """Whether every wake-up since the last :meth:`clear` was a publication of an id
+        at most :attr:`covered`: the read that received it has seen those messages."""
+        return self.is_set() and not self.news and self.published <= self.covered
 
 
 def mark_give_back(events: Iterable[asyncio.Event]) -> None:
@@ -75,6 +125,7 @@ def mark_give_back(events: Iterable[asyncio.Event]) -> None:
         if type(event) is WakeUp:
             event.give_backs += 1
             event.recheck = True  # a control changed: no lean read until a full one
+            event.covered = 0
         event.set()
 
 
@@ -83,6 +134,7 @@ def mark_recheck(events: set[asyncio.Event]) -> None:
     for event in events:
         if type(event) is WakeUp:
             event.recheck = True
+            event.covered = 0
         event.set()
 
 
@@ -95,6 +147,8 @@ class WakeUps(Protocol):
     async def watch(self, queue: str) -> WakeUp: ...
 
     async def unwatch(self, queue: str, event: asyncio.Event) -> None: ...
+
+    def nudge(self, channel: bytes) -> None: ...
 
     async def close(self) -> None: ...
 
@@ -142,15 +196,7 @@ class _Subscription(RespProtocol):
             return
         kind, channel, payload = reply
         if kind in (b"message", b"smessage"):
-            if payload in RECHECKS:
-                mark_recheck(self._waiters.get(channel, set()))
-                return
-            if payload == PAUSED:
-                mark_give_back(self._waiters.get(channel, ()))
-                return
-            for event in self._waiters.get(channel, ()):
-                event.woken = True  # type: ignore[attr-defined]  # see _on_tick
-                event.set()
+            self._published(channel, payload)
         elif kind == b"subscribe":
             for future in self._confirmations.pop(channel, ()):
                 _resolve(future)
@@ -160,6 +206,24 @@ class _Subscription(RespProtocol):
             # Unasked while watched: the slot moved away. Read once (the tick and the
             # cluster notifier's move take it from here).
             mark_recheck(self._waiters.get(channel, set()))
+
+    def _published(self, channel: bytes, payload: bytes) -> None:
+        if payload in RECHECKS:
+            mark_recheck(self._waiters.get(channel, set()))
+            return
+        if payload == PAUSED:
+            mark_give_back(self._waiters.get(channel, ()))
+            return
+        try:
+            last_id = int(payload)
+        except ValueError:
+            last_id = 0
+        for event in self._waiters.get(channel, ()):
+            if type(event) is WakeUp and last_id:
+                event.publication(last_id)
+            else:
+                event.woken = True  # type: ignore[attr-defined]  # see _on_tick
+                event.set()
 
     def fail(self, kind: type[rex.RedisError], message: str) -> None:
         super().fail(kind, message)
@@ -232,6 +296,17 @@ class Notifier:
 
     async def unwatch(self, queue: str, event: asyncio.Event) -> None:
         self._discard(QueueKeys(queue).notify_channel.encode(), event)
+
+    def nudge(self, channel: bytes) -> None:
+        """A push to ``channel``'s queue is being sent on this process's hot-path
+        connection: wake one of its consumers that waits, so that its read goes out
+        right behind the push instead of a round trip later, when the publication comes
+        back (see :meth:`WakeUp.stale`)."""
+        for event in self._waiters.get(channel, ()):
+            if type(event) is WakeUp and event.nudgeable:
+                event.nudgeable = False
+                event.set()
+                return
 
     def channels(self) -> list[bytes]:
         """The channels watched here."""

@@ -3,7 +3,7 @@ script (or its durable variant), request ids and the errors a push can end with.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -243,6 +243,15 @@ async def store(
     return PushResult(ids, duplicate)
 
 
+def _nudged(queue: QueueStore, push: Awaitable[Any]) -> Awaitable[Any]:
+    """``push`` (about to go out on the shard's hot-path connection), with one of this
+    process's idle consumers of the queue woken first: its read follows the push on the
+    same connection, so Redis runs it after the push (see ``Notifier.nudge``)."""
+    if queue.shard is not None:
+        queue.shard.notifier.nudge(queue.keys.notify_channel_bytes)
+    return push
+
+
 async def _run(
     queue: QueueStore,
     keys: list[str],
@@ -259,7 +268,8 @@ async def _run(
         try:
             if level.is_async:
                 reply = await queue.run_fast(
-                    lambda c: bus.scripts.call(c, "push", keys, args), idempotent=False
+                    lambda c: _nudged(queue, bus.scripts.call(c, "push", keys, args)),
+                    idempotent=False,
                 )
                 return reply, None, None
             shard = await queue.located()
