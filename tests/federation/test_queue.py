@@ -26,6 +26,7 @@ from busmq.federation import (
     InvalidRequestError,
     LinkState,
 )
+from busmq.federation.queue import renewal_waits
 from tests.conftest import fast_settings
 from tests.federation.conftest import FAST_LINK, SECRET, DatacenterA, MakeB
 from tests.support.certs import make_pki
@@ -221,3 +222,14 @@ async def test_a_closed_federated_queue_stops_renewing_its_lease(
     await remote.close()
     # It ends with the queue, not at its next renewal (a third of the lease later).
     await eventually(lambda: not renewing(), timeout=1, what="the renewal ended")
+
+
+def test_federated_queues_attached_together_renew_out_of_step() -> None:
+    # The first pause is drawn from the interval's second half; the rest are the interval.
+    firsts = []
+    for _ in range(200):
+        waits = renewal_waits(lambda: 5.0)
+        firsts.append(next(waits))
+        assert [next(waits) for _ in range(3)] == [5.0, 5.0, 5.0]
+    assert all(2.5 <= first <= 5.0 for first in firsts)
+    assert min(firsts) < 3.0 and max(firsts) > 4.5  # spread, not one instant
