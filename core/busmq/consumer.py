@@ -334,6 +334,13 @@ class Consumer:
         self.queue.consumed += len(batch)
         return batch
 
+    async def wait_ready(self) -> None:
+        """Wait until :meth:`next_batch` has deliveries to return at once; raises
+        ``StopAsyncIteration`` at the end. Cancelling the wait loses nothing: a batch it
+        took from the read-ahead is the current one, not handed out yet."""
+        if self._index >= len(self._batch) or (self._lapses and self._lapsed()):
+            await self._refill()
+
     def _lapsed(self) -> bool:
         """Whether the rest of the current batch lapsed in the read-ahead (at-least-once);
         if so it is dropped, counted in a ``lapsed`` event."""

@@ -15,7 +15,6 @@ from busmq import (
     Bus,
     BusError,
     Consumer,
-    Delivery,
     Mode,
     PushResult,
     QueueNotFoundError,
@@ -51,7 +50,7 @@ from .fleet import CONSUMER, FleetKey
 from .inventory_service import QueueInventory
 from .push_stream import PushStreamSession, push_outcome
 from .schema_service import QueueSchemas
-from .streaming import Beat, StreamCount, paced
+from .streaming import Beat, StreamCount, paced_batches
 from .throttle import ThrottledLog
 
 log = logging.getLogger(__name__)
@@ -246,7 +245,7 @@ class QueueService(QueueInventory, QueueSchemas, pb_grpc.QueueServiceServicer):
     async def _deliveries(
         self, consumer: Consumer, context: grpc.aio.ServicerContext, batch: bool
     ) -> AsyncIterator[pb.ConsumeResponse]:
-        beats = paced(_batches(consumer), self._draining, self._settings.heartbeat_seconds)
+        beats = paced_batches(consumer, self._draining, self._settings.heartbeat_seconds)
         try:
             async for item in beats:
                 if item is Beat.DRAINING:
@@ -414,15 +413,6 @@ class QueueService(QueueInventory, QueueSchemas, pb_grpc.QueueServiceServicer):
             consumer.stop()
         await queue.close()
         return pb.CloseQueueResponse()
-
-
-async def _batches(consumer: Consumer) -> AsyncIterator[list[Delivery]]:
-    while True:
-        try:
-            batch = await consumer.next_batch()
-        except StopAsyncIteration:
-            return
-        yield batch
 
 
 def _not_attempted(queue: str) -> RequestError:

@@ -10,6 +10,9 @@ from typing import Any, TypeVar
 
 from google.protobuf import timestamp_pb2
 
+from busmq.consumer import Consumer
+from busmq.message import Delivery
+
 T = TypeVar("T")
 
 
@@ -55,6 +58,50 @@ async def paced(
         if pending is not None:
             pending.cancel()
             await asyncio.gather(pending, return_exceptions=True)
+
+
+async def paced_batches(
+    consumer: Consumer, draining: asyncio.Event, heartbeat_seconds: float
+) -> AsyncIterator[list[Delivery] | Beat]:
+    """:func:`paced` for a consumer's batches, without a task per batch.
+
+    ``paced`` awaits each item in a task of its own, to wait for it beside the drain and
+    the heartbeat's timer: three turns of the event loop from a read's reply to the
+    yield, each behind whatever else the gateway has to do then. Here the wait is
+    :meth:`~busmq.Consumer.wait_ready`, which loses nothing when cancelled, so it runs
+    under a timeout (the heartbeat) that the drain brings forward: one turn. Taking the
+    batch (:meth:`~busmq.Consumer.next_batch`) is never cancelled: it may give back
+    what was read ahead, which a cancellation could leave half done."""
+    loop = asyncio.get_running_loop()
+    waiting: asyncio.Timeout | None = None
+
+    def drained(_: Any) -> None:
+        if waiting is not None and not waiting.expired():
+            waiting.reschedule(loop.time())
+
+    drain = asyncio.ensure_future(draining.wait())
+    drain.add_done_callback(drained)
+    try:
+        while not draining.is_set():
+            try:
+                async with asyncio.timeout(heartbeat_seconds) as waiting:
+                    await consumer.wait_ready()
+            except TimeoutError:
+                if not draining.is_set():
+                    yield Beat.HEARTBEAT
+                continue
+            except StopAsyncIteration:
+                return
+            finally:
+                waiting = None
+            try:
+                batch = await consumer.next_batch()
+            except StopAsyncIteration:
+                return
+            yield batch
+        yield Beat.DRAINING
+    finally:
+        drain.cancel()
 
 
 class StreamCount:
