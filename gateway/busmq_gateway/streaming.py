@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from typing import Any, TypeVar
 
 from google.protobuf import timestamp_pb2
@@ -62,7 +62,7 @@ async def paced(
 
 async def paced_batches(
     consumer: Consumer, draining: asyncio.Event, heartbeat_seconds: float
-) -> AsyncIterator[list[Delivery] | Beat]:
+) -> AsyncGenerator[list[Delivery] | Beat, None]:
     """:func:`paced` for a consumer's batches, without a task per batch.
 
     ``paced`` awaits each item in a task of its own, to wait for it beside the drain and

@@ -25,12 +25,7 @@ async def one_bus(redis_server: RedisServer, make_bus: Callable[..., Any]) -> Bu
 
 
 async def script_calls(server: RedisServer) -> int:
-    client = server.client()
-    try:
-        stats = await client.info("commandstats")
-    finally:
-        await client.aclose()
-    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+    return await server.command_calls("evalsha")
 
 
 @pytest.mark.parametrize("mode", [Mode.AT_MOST_ONCE, Mode.AT_LEAST_ONCE])

@@ -42,12 +42,7 @@ def writes(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[bytes]]:
 
 
 async def reads(server: RedisServer) -> int:
-    client = server.client()
-    try:
-        stats = await client.info("commandstats")
-    finally:
-        await client.aclose()
-    return int(stats.get("cmdstat_xreadgroup", {}).get("calls", 0))
+    return await server.command_calls("xreadgroup")
 
 
 @pytest.mark.parametrize("mode", [Mode.AT_MOST_ONCE, Mode.AT_LEAST_ONCE])

@@ -56,7 +56,7 @@ async def test_the_drain_ends_a_waiting_stream_with_one_draining_beat(
         beats = paced_batches(consumer, draining, 60.0)
         first = await anext(beats)
         assert [d.data for d in first] == ["one"]  # type: ignore[union-attr]
-        waiting = asyncio.create_task(anext(beats))  # nothing more: waits for a read
+        waiting = asyncio.ensure_future(anext(beats))  # nothing more: waits for a read
         await asyncio.sleep(0)
         draining.set()
         assert await asyncio.wait_for(waiting, 5) is Beat.DRAINING

@@ -239,6 +239,15 @@ class RedisServer:
         client: aioredis.Redis = aioredis.Redis.from_url(url)
         return client
 
+    async def command_calls(self, command: str) -> int:
+        """How many times the server ran ``command`` (``INFO commandstats``)."""
+        client = self.client()
+        try:
+            stats = await client.info("commandstats")
+        finally:
+            await client.aclose()
+        return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
+
     async def __aenter__(self) -> RedisServer:
         await self.start()
         return self
