@@ -6,6 +6,7 @@ import asyncio
 import json
 import math
 import struct
+import sys
 import time
 from array import array
 from dataclasses import dataclass
@@ -201,3 +202,23 @@ class CpuMeter:
             (self._cpu(p) - start) * 1e6 / messages if messages else math.nan
             for p, start in zip(self.processes, self.start, strict=True)
         ]
+
+
+_FORWARDERS: set[asyncio.Task[None]] = set()
+
+
+def forward_output(process: asyncio.subprocess.Process) -> None:
+    """Copy what a started server (a gateway) prints from now on to this process's
+    stderr. Its stdout is a pipe: unread, it fills up after 64 KiB of log and the
+    server blocks in its next log call."""
+    stream = process.stdout
+    if stream is None:
+        return
+
+    async def copy() -> None:
+        while line := await stream.readline():
+            sys.stderr.write(line.decode(errors="replace"))
+
+    task = asyncio.create_task(copy())
+    _FORWARDERS.add(task)
+    task.add_done_callback(_FORWARDERS.discard)

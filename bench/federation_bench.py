@@ -49,6 +49,7 @@ from _flow import (  # bench/ is sys.path[0]
     CpuMeter,
     Figures,
     Lanes,
+    forward_output,
     median_row,
     payloads,
     percentile,
@@ -274,6 +275,7 @@ async def start_gateway(redis_url: str) -> tuple[asyncio.subprocess.Process, int
     while b"ready" not in await process.stdout.readline():
         if process.returncode is not None:
             raise RuntimeError("gateway did not start")
+    forward_output(process)
     return process, port
 
 

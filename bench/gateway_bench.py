@@ -42,6 +42,7 @@ from _flow import (  # bench/ is sys.path[0]
     CpuMeter,
     Figures,
     Lanes,
+    forward_output,
     median_row,
     payloads,
     percentile,
@@ -334,6 +335,7 @@ async def start_gateway(
     while b"ready" not in await process.stdout.readline():
         if process.returncode is not None:
             raise RuntimeError("gateway did not start")
+    forward_output(process)
     return process, f"127.0.0.1:{port}"
 
 
