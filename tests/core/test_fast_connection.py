@@ -44,6 +44,15 @@ async def bus_on(url: str, **settings: Any) -> AsyncIterator[Bus]:
         yield bus
 
 
+@contextlib.asynccontextmanager
+async def other_process(bus: Bus) -> AsyncIterator[Bus]:
+    """A second bus like ``bus``, standing for another process: its pushes cannot nudge
+    ``bus``'s consumers (a push wakes a waiting consumer of its own process, see
+    ``Notifier.nudge``), so only ``bus``'s notifier can bring them what it pushes."""
+    async with Bus(bus.settings) as other:
+        yield other
+
+
 async def push_then_receive(
     bus: Bus, server: RedisServer, name: str, values: list[bytes]
 ) -> list[bytes]:
@@ -55,7 +64,8 @@ async def push_then_receive(
     try:
         async with queue.consume(Mode.AT_MOST_ONCE, max=len(values)) as consumer:
             await eventually(subscribed(admin, name), what="notifier subscribed")
-            await queue.push_batch(values)
+            async with other_process(bus) as pusher:
+                await pusher.queue(name).push_batch(values)
             async with asyncio.timeout(PROMPT):
                 return [d.payload async for d in consumer]
     finally:
@@ -413,7 +423,8 @@ async def test_notifier_resubscribes_after_losing_its_connection(
             await eventually(subscribed(admin, queue.name), what="subscribed")
             assert await admin.client_kill_filter(_type="pubsub") == 1
             await eventually(subscribed(admin, queue.name), what="subscribed again")
-            await queue.push(b"notified")
+            async with other_process(bus) as pusher:
+                await pusher.queue(queue.name).push(b"notified")
             delivery = await asyncio.wait_for(consumer.__anext__(), PROMPT)
             assert delivery.payload == b"notified"
     finally:
@@ -427,19 +438,23 @@ async def test_notifier_wakes_every_watcher_after_a_reconnect(
     queues = [bus.queue(f"missed.{i}") for i in range(3)]
     admin = redis_server.client()
     consumers = []
+    pusher = await make_bus([redis_server.url], block_seconds=NO_TICK)  # another process
     try:
         for queue in queues:
             await queue.attach()
             consumers.append(await queue.consume(Mode.AT_MOST_ONCE).__aenter__())
         for queue in queues:
             await eventually(subscribed(admin, queue.name), what="subscribed")
+        warm = pusher.queue("warm-up")  # its connections open before Redis refuses clients
+        await warm.attach()
+        await warm.push(b"x")
         # Keep the notifier out (Redis refuses new clients), then push: nobody hears
         # the publications. Only the wake-up after its reconnect gets them read.
         clients = len(await admin.client_list())
         await admin.config_set("maxclients", clients - 1)
         assert await admin.client_kill_filter(_type="pubsub") == 1
         for queue in queues:
-            await queue.push(b"while away")
+            await pusher.queue(queue.name).push(b"while away")
         assert all(
             int(n) == 0
             for _, n in await admin.pubsub_numsub(

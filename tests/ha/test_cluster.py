@@ -315,8 +315,10 @@ async def test_a_federated_queue_through_a_gateway_on_a_cluster(
 async def test_idle_consumers_are_woken_on_the_slots_node_before_and_after_a_move(
     cluster: ClusterGroup, make_bus: MakeBus
 ) -> None:
-    # A tick longer than the test: only a notification can wake the idle consumer.
+    # A tick longer than the test, and pushes from another bus (a push nudges a waiting
+    # consumer of its own process): only a notification can wake the idle consumer.
     bus = await make_bus([cluster.url], block_seconds=60.0)
+    pusher = (await make_bus([cluster.url], block_seconds=60.0)).queue("woken")
     shard = bus.shards[0]
     assert isinstance(shard, ClusterShard) and shard.sharded_pubsub  # Redis 7: SPUBLISH
     queue = bus.queue("woken")
@@ -336,7 +338,7 @@ async def test_idle_consumers_are_woken_on_the_slots_node_before_and_after_a_mov
 
         source = await cluster.owner_of(slot_of("woken"))
         await eventually(lambda: watched_on(("127.0.0.1", source.port)), what="watched")
-        await queue.push("before")
+        await pusher.push("before")
         assert await asyncio.wait_for(got.get(), 10) == "before"
 
         target = next(s for s in await cluster.masters() if s is not source)
@@ -345,7 +347,7 @@ async def test_idle_consumers_are_woken_on_the_slots_node_before_and_after_a_mov
         # The move woke the consumer once; once it is idle again, only a notification
         # from the slot's new node can bring it the next message within the tick.
         await asyncio.sleep(0.5)
-        await queue.push("after")
+        await pusher.push("after")
         assert await asyncio.wait_for(got.get(), 10) == "after"
     finally:
         reader.cancel()
