@@ -43,6 +43,7 @@ from .errors import BusError, BusUnavailableError, ModeConflictError
 from .events import Event
 from .forwarding import Forwarder
 from .message import Delivery, ForwardTarget, decode_raw, int_to_stream_id
+from .notifier import WakeUp
 from .pushing import Item
 from .queue_store import QueueStore
 from .reads import GroupMissing, read_full, read_lean, read_replay
@@ -143,7 +144,7 @@ class LocalReader:
                     idle = self._idle_seconds(consumer)
                     if self._due_in is not None:
                         idle = min(idle, self._due_in)
-                    wake.nudgeable = self._lean and not wake.recheck
+                    wake.nudgeable = self._reads_lean(wake)
                     try:
                         await wait_for_wakeup(wake, idle, shard.notifier.tick)
                     finally:
@@ -218,7 +219,7 @@ class LocalReader:
         loop = asyncio.get_running_loop()
         noack = mode is Mode.AT_MOST_ONCE
         wake = consumer.wake
-        if self._lean and not wake.recheck and loop.time() < self._lean_until:
+        if self._reads_lean(wake):
             entries = await read_lean(self.store, consumer.name, count, noack)
             self._due_in = None
             if noack:
@@ -254,6 +255,12 @@ class LocalReader:
             for eid, fields in entries
         )
         return deliveries
+
+    def _reads_lean(self, wake: WakeUp) -> bool:
+        """Whether the next read is a plain ``XREADGROUP`` (see the module)."""
+        return (
+            self._lean and not wake.recheck and asyncio.get_running_loop().time() < self._lean_until
+        )
 
     async def _fetch_replay(self, count: int) -> list[Delivery]:
         entries, wait = await read_replay(self.store, self._cursor, count)

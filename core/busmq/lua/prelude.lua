@@ -200,16 +200,16 @@ local function order_settled_all(o, sids)
     if #seen > 0 then
       local values = redis.call('HMGET', o.held, unpack(key_fields))
       -- The usual case, a holder nobody waits for, frees its key without a table of its
-      -- own (FREE marks the key done); the rest keeps a key's state in one.
-      local state, FREE = {}, {}
+      -- own (`freed_alone`); the rest keeps a key's state in `state`.
+      local state, freed_alone = {}, {}
       for i, sid in ipairs(seen) do
         local key = seen_keys[i]
         local current = state[key]
-        if not current and values[i] == sid then
-          state[key] = FREE
-          drop[#drop + 1] = key_fields[i]
-        elseif current == FREE then
+        if freed_alone[key] then
           redis.call('ZREM', o.blocked, wait_member(key, sid))
+        elseif not current and values[i] == sid then
+          freed_alone[key] = true
+          drop[#drop + 1] = key_fields[i]
         else
           if not current then
             local holder, waiting = holding(values[i])
@@ -225,28 +225,26 @@ local function order_settled_all(o, sids)
       end
       local set = {}
       for key, current in pairs(state) do
-        if current ~= FREE then
-          local holder = current.holder
-          if current.freed then
-            holder = nil
-            if current.waiting > 0 then
-              local prefix = key_prefix(key)
-              local nxt = redis.call('ZRANGEBYLEX', o.blocked, '[' .. prefix, '[' .. prefix .. '\255', 'LIMIT', 0, 1)[1]
-              if nxt then
-                redis.call('ZREM', o.blocked, nxt)
-                holder = member_sid(nxt)
-                current.waiting = current.waiting - 1
-                redis.call('ZADD', o.due, position(holder), 'o:' .. holder)
-                promoted = true
-              end
+        local holder = current.holder
+        if current.freed then
+          holder = nil
+          if current.waiting > 0 then
+            local prefix = key_prefix(key)
+            local nxt = redis.call('ZRANGEBYLEX', o.blocked, '[' .. prefix, '[' .. prefix .. '\255', 'LIMIT', 0, 1)[1]
+            if nxt then
+              redis.call('ZREM', o.blocked, nxt)
+              holder = member_sid(nxt)
+              current.waiting = current.waiting - 1
+              redis.call('ZADD', o.due, position(holder), 'o:' .. holder)
+              promoted = true
             end
           end
-          if holder then
-            set[#set + 1] = 'k:' .. key
-            set[#set + 1] = held_value(holder, math.max(current.waiting, 0))
-          else
-            drop[#drop + 1] = 'k:' .. key
-          end
+        end
+        if holder then
+          set[#set + 1] = 'k:' .. key
+          set[#set + 1] = held_value(holder, math.max(current.waiting, 0))
+        else
+          drop[#drop + 1] = 'k:' .. key
         end
       end
       redis.call('HDEL', o.held, unpack(drop))
