@@ -30,14 +30,21 @@ checks() {
   $BIN/hadolint Dockerfile
 }
 
+# Each client suite takes one to two minutes beside pytest. A suite still running after
+# CLIENT_SUITE_SECONDS has hung (node's test runner has no timeout of its own): it is
+# stopped and fails, and its output so far shows where.
+CLIENT_SUITE_SECONDS="${CLIENT_SUITE_SECONDS:-600}"
+
 typescript() {
   echo "==> TypeScript client (tsc, node --test against a live gateway)"
-  (cd clients/typescript && npm test --silent)
+  (cd clients/typescript && timeout -k 15 "$CLIENT_SUITE_SECONDS" npm test --silent) \
+    || { status=$?; [ "$status" -ne 124 ] || echo "TypeScript client: stopped after ${CLIENT_SUITE_SECONDS}s"; return "$status"; }
 }
 
 go_client() {
   echo "==> Go client (gofmt, go vet, go test against a live gateway)"
-  bash clients/go/test.sh
+  timeout -k 15 "$CLIENT_SUITE_SECONDS" bash clients/go/test.sh \
+    || { status=$?; [ "$status" -ne 124 ] || echo "Go client: stopped after ${CLIENT_SUITE_SECONDS}s"; return "$status"; }
 }
 
 tier "setup" bash scripts/setup.sh --dev

@@ -105,7 +105,7 @@ func (e *ChannelEnd) Connect(ctx context.Context, options ChannelOptions) error 
 	e.options = options
 	e.messages = make(chan ChannelMessage)
 	e.done = make(chan struct{})
-	runCtx, stop := context.WithCancel(context.Background())
+	runCtx, stop := e.client.whileOpen(context.Background())
 	e.stop = stop
 	stream, err := e.open(ctx, runCtx)
 	if err != nil {

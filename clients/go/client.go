@@ -10,6 +10,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"net"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -51,6 +52,8 @@ type Client struct {
 	pushes       *pushCoalescer
 	stream       *pushStream
 	tracer       trace.Tracer
+	closed       chan struct{}
+	closeOnce    sync.Once
 }
 
 // Dial connects to the gateway (lazily: the first call opens the connection).
@@ -81,7 +84,7 @@ func Dial(ctx context.Context, options Options) (*Client, error) {
 	if timeout == 0 {
 		timeout = 10 * time.Second
 	}
-	client := &Client{conn: conn, timeout: timeout, tracer: options.Tracer,
+	client := &Client{conn: conn, timeout: timeout, tracer: options.Tracer, closed: make(chan struct{}),
 		Queues: pb.NewQueueServiceClient(conn), Requests: pb.NewRequestServiceClient(conn),
 		Channels: pb.NewChannelServiceClient(conn), Persistables: pb.NewPersistableServiceClient(conn)}
 	client.pushes = &pushCoalescer{client: client}
@@ -89,14 +92,28 @@ func Dial(ctx context.Context, options Options) (*Client, error) {
 	return client, nil
 }
 
-// Close closes the connection (release queues with Detach first).
+// Close stops every consumer, server, channel end and renewal started through the
+// client, and closes the connection (release queues with Detach first).
 func (c *Client) Close() error {
+	c.closeOnce.Do(func() { close(c.closed) })
 	c.stream.close()
 	return c.conn.Close()
 }
 
-// PushCalls counts the push calls made (Push or PushMany): pushes that do not go over
-// the push stream, and made while one is under way, share the next.
+// whileOpen is ctx, also cancelled once the client closes: the loops that resume streams
+// or renew leases end with the client instead of retrying a closed connection for ever.
+func (c *Client) whileOpen(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	go func() {
+		select {
+		case <-c.closed:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
+}
+
 func (c *Client) PushCalls() int64 {
 	return atomic.LoadInt64(&c.pushes.calls)
 }

@@ -82,7 +82,7 @@ type Consumer struct {
 
 // Consume starts consuming; read Deliveries until it is closed, then Err.
 func (q *Queue) Consume(ctx context.Context, options ConsumeOptions) *Consumer {
-	ctx, stop := context.WithCancel(ctx)
+	ctx, stop := q.client.whileOpen(ctx)
 	c := &Consumer{queue: q, options: options, deliveries: make(chan Delivery), acks: make(chan ack), stop: stop}
 	go c.run(ctx)
 	go c.ackLoop(ctx)

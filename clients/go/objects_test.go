@@ -526,3 +526,39 @@ func TestAGoChannelEndResumesAfterAGatewayCrash(t *testing.T) {
 		t.Fatalf("resumes %d", a.Resumes)
 	}
 }
+
+func TestClosingTheClientStopsItsLoopsEvenWithTheGatewayGone(t *testing.T) {
+	d := start(t)
+	client := dial(t, d, d.secret)
+	ctx := context.Background()
+	queue := client.Queue("go-orphan")
+	if _, err := queue.Attach(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	consumer := queue.Consume(ctx, ConsumeOptions{})
+	end := client.Channel("go-orphan", ChannelRoles{Local: "a", Remote: "b"})
+	must(t, end.Connect(ctx, ChannelOptions{}))
+	server := client.Service("go-orphan").Serve(ctx, func(context.Context, ServedRequest) (Message, error) {
+		return Text("ok"), nil
+	}, ServeOptions{})
+	stop(d.gateway, syscall.SIGKILL) // each now retries with backoff, against nothing
+	must(t, client.Close())
+	within := func(what string, done func()) {
+		finished := make(chan struct{})
+		go func() { done(); close(finished) }()
+		select {
+		case <-finished:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: not stopped within 5 s of Close", what)
+		}
+	}
+	within("the consumer", func() {
+		for range consumer.Deliveries() {
+		}
+	})
+	within("the channel end", func() {
+		for range end.Messages() {
+		}
+	})
+	within("the server", func() { _ = server.Wait() })
+}

@@ -190,7 +190,7 @@ func (p *Persistable) Persist() {
 	if every <= 0 {
 		every = 10 * time.Second
 	}
-	ctx, stop := context.WithCancel(context.Background())
+	ctx, stop := p.client.whileOpen(context.Background())
 	p.mu.Lock()
 	p.stop = stop
 	p.mu.Unlock()

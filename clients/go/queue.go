@@ -46,7 +46,7 @@ func (q *Queue) Attach(ctx context.Context, ttl time.Duration) (bool, error) {
 	if lease <= 0 {
 		lease = 30 * time.Second
 	}
-	renewCtx, stop := context.WithCancel(context.Background())
+	renewCtx, stop := q.client.whileOpen(context.Background())
 	q.mu.Lock()
 	if q.stopRenewal != nil {
 		q.stopRenewal()

@@ -137,7 +137,7 @@ func (s *Service) serve(ctx context.Context, server *Server, options ServeOption
 	if options.Concurrency == 0 {
 		options.Concurrency = 16
 	}
-	ctx, stop := context.WithCancel(ctx)
+	ctx, stop := s.client.whileOpen(ctx)
 	server.service, server.options, server.stop, server.done = s, options, stop, make(chan struct{})
 	go server.run(ctx)
 	return server

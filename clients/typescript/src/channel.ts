@@ -60,6 +60,7 @@ export class ChannelEnd implements AsyncIterable<ChannelMessage> {
   private readonly listeners = new Set<(event: ChannelEvent) => void>();
   private options: ConnectOptions = {};
   private closing = false;
+  private pumping: Promise<void> = Promise.resolve();
   /** How many times the stream was reopened after breaking. */
   resumes = 0;
   /** The last error that broke the stream (it was resumed). */
@@ -83,7 +84,9 @@ export class ChannelEnd implements AsyncIterable<ChannelMessage> {
    * delivering; at-least-once deliveries not acked before the break come back. */
   async connect(options: ConnectOptions = {}): Promise<void> {
     this.options = options;
-    void this.pump(await this.open());
+    const first = await this.open();
+    const untrack = this.client.track(this); // the client's close() stops it
+    this.pumping = this.pump(first).finally(untrack);
   }
 
   private async open(): Promise<AsyncIterator<ConnectChannelResponse>> {
@@ -161,7 +164,7 @@ export class ChannelEnd implements AsyncIterable<ChannelMessage> {
         iterator = undefined;
         this.resumes += 1;
         this.emit({ kind: "resuming", details: { error: this.lastError?.message ?? "stream ended" } });
-        await sleep(backoff * (0.5 + Math.random()));
+        await sleep(backoff * (0.5 + Math.random()), this.abort.signal);
         backoff = Math.min(backoff * 2, 5000);
       }
     } finally {
@@ -258,6 +261,12 @@ export class ChannelEnd implements AsyncIterable<ChannelMessage> {
   /** Stop the stream without telling the gateway anything more. */
   close(): void {
     this.abort.abort();
+  }
+
+  /** `close()`, and wait until the stream has stopped. */
+  async stop(): Promise<void> {
+    this.abort.abort();
+    await this.pumping;
   }
 
   private requireConnection(): string {

@@ -19,7 +19,7 @@ import { listQueues, type ListQueuesOptions, type QueueSummary } from "./queue_a
 import { ServiceHandle } from "./service.js";
 import { Tracing, type TracingOptions } from "./tracing.js";
 import { retrySafeCalls } from "./retry.js";
-import type { Transport } from "./transport.js";
+import type { Stoppable, Transport } from "./transport.js";
 
 export interface BusClientOptions {
   /** The gateway: "https://gateway-a:8443" (TLS) or "http://127.0.0.1:8443" (plaintext). */
@@ -59,6 +59,7 @@ export class BusClient implements Transport {
   /** Trace propagation, when the `tracing` option is on. */
   readonly tracing: Tracing | undefined;
   private readonly handles = new Set<QueueHandle>();
+  private readonly running = new Set<Stoppable>();
 
   constructor(options: BusClientOptions) {
     const url = new URL(options.url);
@@ -141,11 +142,19 @@ export class BusClient implements Transport {
     }
   }
 
-  /** Stop every consumer and release every attachment made through this client. */
+  track(running: Stoppable): () => void {
+    this.running.add(running);
+    return () => this.running.delete(running);
+  }
+
+  /** Stop every consumer, channel end and service handler, and release every attachment
+   * made through this client. */
   async close(): Promise<void> {
     const handles = [...this.handles];
+    const running = [...this.running];
     this.handles.clear();
-    await Promise.allSettled(handles.map((h) => h.close()));
+    this.running.clear();
+    await Promise.allSettled([...handles.map((h) => h.close()), ...running.map((r) => r.stop())]);
     this.stream.close();
   }
 

@@ -177,7 +177,7 @@ export class Consumer implements AsyncIterable<Delivery> {
         }
         // Broken, or ended by a draining gateway: reopen after a pause.
         this.resumes += 1;
-        await sleep(backoff * (0.5 + Math.random()));
+        await sleep(backoff * (0.5 + Math.random()), this.abort.signal);
         backoff = Math.min(backoff * 2, 5000);
       }
     } finally {

@@ -105,7 +105,8 @@ export class Server {
     private readonly options: ServeOptions,
   ) {
     this.done = this.run();
-    this.done.catch(() => undefined); // observed through `done`
+    const untrack = service.client.track(this); // the client's close() stops it
+    this.done.then(untrack, untrack); // a rejection is observed through `done`
   }
 
   private async run(): Promise<void> {
@@ -154,7 +155,7 @@ export class Server {
         break;
       }
       this.resumes += 1; // broken, or ended by a draining gateway
-      await sleep(backoff * (0.5 + Math.random()));
+      await sleep(backoff * (0.5 + Math.random()), this.abort.signal);
       backoff = Math.min(backoff * 2, 5000);
     }
     await Promise.allSettled(this.running);

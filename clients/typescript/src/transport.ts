@@ -35,6 +35,15 @@ export interface Transport {
   readonly stream: Pusher;
   /** Run a unary call with the client's deadline, translating its error. */
   unary<T>(call: (options: CallOptions) => Promise<T>, options?: CallOptions): Promise<T>;
+  /** Stop `running` when the client closes; call the function returned once it stopped
+   * by itself. */
+  track(running: Stoppable): () => void;
+}
+
+/** Something running on the client's behalf (a channel end's stream, a service's
+ * handler) that `close()` stops. */
+export interface Stoppable {
+  stop(): Promise<void>;
 }
 
 /** Rejects a push the gateway cannot take over a stream: it goes by a call instead. */
@@ -60,6 +69,20 @@ export function seconds(value: { seconds: bigint; nanos: number } | undefined): 
   return value === undefined ? 0 : Number(value.seconds) + value.nanos / 1e9;
 }
 
-export function sleep(ms: number): Promise<void> {
-  return new Promise((resolve) => setTimeout(resolve, ms));
+/** Resolve after `ms`, or as soon as `signal` aborts (a stopped loop exits at once
+ * instead of keeping the process alive through its backoff). */
+export function sleep(ms: number, signal?: AbortSignal): Promise<void> {
+  return new Promise((resolve) => {
+    if (signal?.aborted) {
+      resolve();
+      return;
+    }
+    const done = () => {
+      clearTimeout(timer);
+      signal?.removeEventListener("abort", done);
+      resolve();
+    };
+    const timer = setTimeout(done, ms);
+    signal?.addEventListener("abort", done, { once: true });
+  });
 }

@@ -12,7 +12,7 @@ import { execFile } from "node:child_process";
 import { describe, test } from "node:test";
 import { promisify } from "node:util";
 import { type Delivery, SchemaError, SchemaIncompatibleError } from "../src/index.js";
-import { liveGateway, PYTHON, ROOT } from "./support.js";
+import { CHILD_MS, liveGateway, PYTHON, ROOT } from "./support.js";
 
 const run = promisify(execFile);
 
@@ -28,7 +28,7 @@ async function python(redisPort: number, code: string): Promise<string> {
     "        await main(bus)",
     "asyncio.run(entry())",
   ].join("\n");
-  const { stdout } = await run(PYTHON, ["-c", script], { cwd: ROOT });
+  const { stdout } = await run(PYTHON, ["-c", script], { cwd: ROOT, timeout: CHILD_MS });
   return stdout.trim();
 }
 

@@ -8,7 +8,7 @@ import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { promisify } from "node:util";
 import { test } from "node:test";
-import { Deployment, ROOT } from "./support.js";
+import { CHILD_MS, Deployment, ROOT } from "./support.js";
 
 const PACKAGE = resolve(ROOT, "clients", "typescript");
 
@@ -23,7 +23,7 @@ test("the README example runs as written against scripts/run.sh's kind of gatewa
     symlinkSync(PACKAGE, join(dir, "node_modules", "@busmq", "client"));
     writeFileSync(join(dir, ".busmq-secret"), `${deployment.secret}\n`);
     writeFileSync(join(dir, "example.mjs"), example.replace("http://127.0.0.1:8443", deployment.url));
-    const { stdout } = await promisify(execFile)(process.execPath, ["example.mjs"], { cwd: dir });
+    const { stdout } = await promisify(execFile)(process.execPath, ["example.mjs"], { cwd: dir, timeout: CHILD_MS });
     assert.equal(stdout, "1n { order: 1 }\n2n { order: 2 }\n");
 
     // The later examples continue the first one's client.
@@ -32,7 +32,7 @@ test("the README example runs as written against scripts/run.sh's kind of gatewa
     assert.equal(fences.length, 2, "the README's examples");
     const persistables = `${prelude}${fences[1]}await client.close();\n`;
     writeFileSync(join(dir, "persistables.mjs"), persistables.replace("http://127.0.0.1:8443", deployment.url));
-    const second = await promisify(execFile)(process.execPath, ["persistables.mjs"], { cwd: dir });
+    const second = await promisify(execFile)(process.execPath, ["persistables.mjs"], { cwd: dir, timeout: CHILD_MS });
     assert.equal(second.stdout, "[ 'items', 'total' ]\n");
   } finally {
     rmSync(dir, { recursive: true, force: true });

@@ -2,8 +2,8 @@
 
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
-import { type ChannelEvent, type ChannelMessage, HandlerError } from "../src/index.js";
-import { liveGateway } from "./support.js";
+import { BusClient, type ChannelEvent, type ChannelMessage, HandlerError } from "../src/index.js";
+import { Deployment, liveGateway } from "./support.js";
 
 describe("request/reply and channels through a live gateway", () => {
   const live = liveGateway();
@@ -134,5 +134,45 @@ describe("request/reply and channels through a live gateway", () => {
     assert.equal(seen.get("after the restart"), 1);
     assert.ok((seen.get("before the crash") ?? 0) >= 2, JSON.stringify([...seen]));
     await a.end();
+    // The resumed peer learns that the channel ended (and stops: it does not resume).
+    for (let waited = 0; !events.b.includes("ended"); waited += 20) {
+      assert.ok(waited < 20_000, `b not told of the end: ${JSON.stringify(events.b)}`);
+      await new Promise((resolve) => setTimeout(resolve, 20));
+    }
   });
 });
+
+describe("closing the client", () => {
+  test("stops its channel ends and service handlers, even with the gateway gone", async () => {
+    const deployment = await new Deployment().start();
+    const client = new BusClient({ url: deployment.url, secret: deployment.secret });
+    try {
+      const end = client.channel("ts-orphan", { local: "a", remote: "b" });
+      await end.connect();
+      const server = client.service("ts-orphan-svc").serve(async () => 1);
+      await deployment.killGateway(); // both now retry with backoff, against nothing
+      await within(5_000, client.close(), "client.close()");
+      await within(5_000, server.done, "the handler's end");
+      const rest: ChannelMessage[] = [];
+      await within(5_000, (async () => {
+        for await (const message of end) rest.push(message);
+      })(), "the channel end's iteration");
+      assert.deepEqual(rest, []);
+    } finally {
+      await deployment.stop();
+    }
+  });
+});
+
+/** `promise`, or a failure naming `what` if it has not settled within `ms`. */
+async function within<T>(ms: number, promise: Promise<T>, what: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`${what}: not done within ${ms} ms`)), ms);
+  });
+  try {
+    return await Promise.race([promise, late]);
+  } finally {
+    clearTimeout(timer);
+  }
+}

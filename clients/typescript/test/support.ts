@@ -127,21 +127,47 @@ export class Deployment {
     await stop(this.gateway, "SIGKILL");
   }
 
+  /** Stop every process (each one, even if another failed to exit in time), then fail
+   * with the first that did not exit. */
   async stop(): Promise<void> {
-    await Promise.all(this.helpers.map((helper) => stop(helper, "SIGTERM")));
-    await stop(this.gateway, "SIGTERM");
-    await stop(this.redis, "SIGTERM");
+    const results = await Promise.allSettled(this.helpers.map((helper) => stop(helper, "SIGTERM")));
+    results.push(...(await Promise.allSettled([stop(this.gateway, "SIGTERM")])));
+    results.push(...(await Promise.allSettled([stop(this.redis, "SIGTERM")])));
     rmSync(this.dir, { recursive: true, force: true });
+    const failed = results.find((result) => result.status === "rejected");
+    if (failed !== undefined) {
+      throw failed.reason;
+    }
   }
 }
 
+/** How long a program a test runs to its end may take (execFile's `timeout`: killed, the
+ * call fails). */
+export const CHILD_MS = 60_000;
+
+/** How long a server has to exit after SIGTERM (the gateway drains for `--grace-seconds 2`). */
+const EXIT_MS = 20_000;
+
+/** Signal `child` and wait for it to exit. One still running `EXIT_MS` after a SIGTERM is
+ * killed, and the stop fails: a server that does not exit on SIGTERM is a fault, and
+ * waiting on it for ever would hang the whole suite. */
 async function stop(child: ChildProcess | undefined, signal: NodeJS.Signals): Promise<void> {
   if (child === undefined || child.exitCode !== null || child.signalCode !== null) {
     return;
   }
-  const exited = new Promise((done) => child.once("exit", done));
+  const exited = new Promise<boolean>((done) => child.once("exit", () => done(true)));
   child.kill(signal);
-  await exited;
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<boolean>((done) => {
+    timer = setTimeout(() => done(false), EXIT_MS);
+  });
+  const inTime = await Promise.race([exited, late]);
+  clearTimeout(timer);
+  if (!inTime) {
+    child.kill("SIGKILL");
+    await exited;
+    throw new Error(`${child.spawnfile} (pid ${child.pid}) did not exit within ${EXIT_MS} ms of ${signal}`);
+  }
 }
 
 function waitForLine(child: ChildProcess, text: string, timeoutMs = 20_000): Promise<void> {

@@ -14,7 +14,7 @@ import {
 import { BusClient } from "../src/index.js";
 import { execFile } from "node:child_process";
 import { promisify } from "node:util";
-import { liveGateway, PYTHON, ROOT } from "./support.js";
+import { CHILD_MS, liveGateway, PYTHON, ROOT } from "./support.js";
 
 context.setGlobalContextManager(new AsyncLocalStorageContextManager().enable());
 const exporter = new InMemorySpanExporter();
@@ -100,7 +100,7 @@ describe("tracing through a live gateway", () => {
       const { stdout } = await promisify(execFile)(
         PYTHON,
         ["-m", "tests.support.traced_federated_push", `127.0.0.1:${deployment.gatewayPort}`, deployment.secret, "shipments-ts"],
-        { cwd: ROOT },
+        { cwd: ROOT, timeout: CHILD_MS },
       );
       const pushed = JSON.parse(stdout) as { trace_id: string; send_span_ids: Record<string, string>; outbox_held: number };
       assert.equal(pushed.outbox_held, 1);
