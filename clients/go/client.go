@@ -114,6 +114,8 @@ func (c *Client) whileOpen(ctx context.Context) (context.Context, context.Cancel
 	return ctx, cancel
 }
 
+// PushCalls counts the push calls made (Push or PushMany): pushes that do not go over
+// the push stream, and made while one is under way, share the next.
 func (c *Client) PushCalls() int64 {
 	return atomic.LoadInt64(&c.pushes.calls)
 }
