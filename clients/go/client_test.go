@@ -74,8 +74,8 @@ func startWith(t *testing.T, configure func(*deployment)) *deployment {
 		"--save", "", "--appendonly", "no", "--dir", d.dir)
 	// Registered before anything can fail, so a server that started is always stopped.
 	t.Cleanup(func() {
-		stop(d.gateway, syscall.SIGTERM)
-		stop(d.redis, syscall.SIGTERM)
+		stop(t, d.gateway, syscall.SIGTERM)
+		stop(t, d.redis, syscall.SIGTERM)
 	})
 	waitFor(t, d.redis, "Ready to accept connections")
 	d.gatewayPort = freePort(t)
@@ -129,12 +129,30 @@ func waitFor(t *testing.T, cmd *exec.Cmd, text string) {
 	}
 }
 
-func stop(cmd *exec.Cmd, signal syscall.Signal) {
+// exitWithin is how long a server has to exit after a signal (the gateway drains for
+// --grace-seconds 2).
+const exitWithin = 20 * time.Second
+
+// stop signals cmd and waits for it to exit. One still running exitWithin later is
+// killed, and the test fails: a server that does not exit on SIGTERM is a fault, and
+// waiting on it for ever would hang the suite.
+func stop(t *testing.T, cmd *exec.Cmd, signal syscall.Signal) {
 	if cmd == nil || cmd.Process == nil || cmd.ProcessState != nil {
 		return
 	}
 	cmd.Process.Signal(signal)
-	cmd.Wait()
+	exited := make(chan struct{})
+	go func() {
+		cmd.Wait()
+		close(exited)
+	}()
+	select {
+	case <-exited:
+	case <-time.After(exitWithin):
+		cmd.Process.Kill()
+		<-exited
+		t.Errorf("%s (pid %d) did not exit within %s of %s", cmd.Path, cmd.Process.Pid, exitWithin, signal)
+	}
 }
 
 func dial(t *testing.T, d *deployment, secret string) *Client {
@@ -321,7 +339,7 @@ func TestAConsumerResumesAfterTheGatewayIsKilledAndNothingAckedIsLost(t *testing
 		}
 		if !crashed && len(acked) == 500 {
 			crashed = true
-			stop(d.gateway, syscall.SIGKILL) // this delivery and the prefetched ones stay unacked
+			stop(t, d.gateway, syscall.SIGKILL) // this delivery and the prefetched ones stay unacked
 			d.startGateway()
 			// Pushed after the crash, these reach the consumer only on a resumed stream
 			// (a slow consumer may hold the first thousand in its stream's buffers).

@@ -350,7 +350,7 @@ func TestRequestReplyWithPythonAndGoHandlers(t *testing.T) {
 	handler.Args = []string{handler.Args[0], "-m", "tests.support.service_worker",
 		fmt.Sprintf(`["redis://127.0.0.1:%d"]`, d.redisPort), "py-double"}
 	waitFor(t, handler, `"serving"`)
-	t.Cleanup(func() { stop(handler, syscall.SIGTERM) })
+	t.Cleanup(func() { stop(t, handler, syscall.SIGTERM) })
 	reply, err := client.Service("py-double").Request(ctx, JSON(map[string]interface{}{"op": "double", "n": 21}), 10*time.Second)
 	must(t, err)
 	var doubled map[string]int
@@ -433,7 +433,7 @@ func TestAGoChannelTalksToAPythonEnd(t *testing.T) {
         await asyncio.sleep(30)  # stays connected until the test ends the channel
 `)
 	waitFor(t, python, "connected")
-	t.Cleanup(func() { stop(python, syscall.SIGTERM) })
+	t.Cleanup(func() { stop(t, python, syscall.SIGTERM) })
 	var events []string
 	end := client.Channel("go-chat", ChannelRoles{Local: "go", Remote: "py"})
 	must(t, end.Connect(ctx, ChannelOptions{Mode: pb.ConsumeMode_CONSUME_MODE_AT_LEAST_ONCE,
@@ -493,7 +493,7 @@ func TestAGoChannelEndResumesAfterAGatewayCrash(t *testing.T) {
 	if string(first.Payload) != "before the crash" {
 		t.Fatalf("got %q", first.Payload)
 	}
-	stop(d.gateway, syscall.SIGKILL)
+	stop(t, d.gateway, syscall.SIGKILL)
 	d.startGateway()
 	for name, c := range connected {
 		select {
@@ -541,7 +541,7 @@ func TestClosingTheClientStopsItsLoopsEvenWithTheGatewayGone(t *testing.T) {
 	server := client.Service("go-orphan").Serve(ctx, func(context.Context, ServedRequest) (Message, error) {
 		return Text("ok"), nil
 	}, ServeOptions{})
-	stop(d.gateway, syscall.SIGKILL) // each now retries with backoff, against nothing
+	stop(t, d.gateway, syscall.SIGKILL) // each now retries with backoff, against nothing
 	must(t, client.Close())
 	within := func(what string, done func()) {
 		finished := make(chan struct{})

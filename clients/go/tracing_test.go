@@ -184,7 +184,7 @@ func TestARequestIsOneTraceAcrossLanguages(t *testing.T) {
 		fmt.Sprintf(`["redis://127.0.0.1:%d"]`, d.redisPort), "py-traced", "traced")
 	handler.Dir = repoRoot()
 	waitFor(t, handler, `"serving"`)
-	t.Cleanup(func() { stop(handler, syscall.SIGTERM) })
+	t.Cleanup(func() { stop(t, handler, syscall.SIGTERM) })
 	ctx, quote := provider.Tracer("app").Start(context.Background(), "quote")
 	reply, err := client.Service("py-traced").Request(ctx, Message{Payload: []byte(`{"op":"trace"}`),
 		Kind: pb.PayloadKind_PAYLOAD_KIND_JSON}, 10*time.Second)
