@@ -265,7 +265,7 @@ export class ChannelEnd implements AsyncIterable<ChannelMessage> {
 
   /** `close()`, and wait until the stream has stopped. */
   async stop(): Promise<void> {
-    this.abort.abort();
+    this.close();
     await this.pumping;
   }
 
