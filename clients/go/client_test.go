@@ -413,3 +413,43 @@ func TestConcurrentPushesGoOverOneStreamAndFailAlone(t *testing.T) {
 		t.Fatalf("count %d, err %v", info.Count, err)
 	}
 }
+
+func TestADeliveryWhoseLeaseRanOutOnTheWayIsNotHandedOut(t *testing.T) {
+	// One message a batch, each handled in 0.4 s under a 1 s lease: the gateway reads and
+	// sends all five at once, so the later ones lapse while they wait in the stream's
+	// buffers here (any consumer may claim them); they come again, redelivered.
+	d := start(t)
+	client := dial(t, d, d.secret)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	queue := client.Queue("go-lease-ahead")
+	if _, err := queue.Attach(ctx, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := queue.PushBatch(ctx, []Message{Text("1"), Text("2"), Text("3"), Text("4"), Text("5")}); err != nil {
+		t.Fatal(err)
+	}
+	consumer := queue.Consume(ctx, ConsumeOptions{
+		Mode: pb.ConsumeMode_CONSUME_MODE_AT_LEAST_ONCE, Prefetch: 1, VisibilityTimeout: time.Second,
+	})
+	handled := map[uint64]uint32{}
+	for delivery := range consumer.Deliveries() {
+		time.Sleep(400 * time.Millisecond) // the handling
+		if err := delivery.Ack(ctx); err != nil {
+			t.Fatal(err)
+		}
+		handled[delivery.ID] = delivery.DeliveryCount
+		if len(handled) == 5 {
+			consumer.Stop()
+		}
+	}
+	redelivered := 0
+	for _, count := range handled {
+		if count > 1 {
+			redelivered++
+		}
+	}
+	if len(handled) != 5 || consumer.Lapsed() < 1 || redelivered < 1 {
+		t.Fatalf("handled %v, lapsed %d, err %v", handled, consumer.Lapsed(), consumer.Err())
+	}
+}

@@ -76,6 +76,9 @@ type Consumer struct {
 	lastID     uint64
 	// Resumes counts the streams reopened after a break (read after Deliveries closed).
 	Resumes int
+	// lapsed counts the at-least-once deliveries not handed out because their
+	// visibility timeout ran out on the way (see Lapsed).
+	lapsed atomic.Uint64
 	// consumerID is the gateway's id of the current stream's consumer (a string).
 	consumerID atomic.Value
 }
@@ -95,6 +98,11 @@ func (c *Consumer) Deliveries() <-chan Delivery { return c.deliveries }
 
 // Err is why the consumer ended (nil after Max, a closed queue or Stop).
 func (c *Consumer) Err() error { return c.err }
+
+// Lapsed is how many at-least-once deliveries were not handed out because their
+// visibility timeout ran out on the way (the gateway read them that long ago): any
+// consumer may have claimed them, and they come again.
+func (c *Consumer) Lapsed() uint64 { return c.lapsed.Load() }
 
 // Stop ends the consumer.
 func (c *Consumer) Stop() { c.stop() }
@@ -131,6 +139,7 @@ func (c *Consumer) stream(ctx context.Context, started func()) (ended bool, err 
 	if err != nil {
 		return false, asError(err)
 	}
+	var startedAt time.Time // what a batch's LapsesAfter counts from
 	for {
 		response, err := stream.Recv()
 		if err == io.EOF {
@@ -141,16 +150,15 @@ func (c *Consumer) stream(ctx context.Context, started func()) (ended bool, err 
 		}
 		switch event := response.Event.(type) {
 		case *pb.ConsumeResponse_Delivery:
-			if !c.deliver(ctx, event.Delivery) {
+			if !c.deliver(ctx, event.Delivery, nil) {
 				return true, nil
 			}
 		case *pb.ConsumeResponse_Batch:
-			for _, delivery := range event.Batch.Deliveries {
-				if !c.deliver(ctx, delivery) {
-					return true, nil
-				}
+			if !c.deliverBatch(ctx, event.Batch, startedAt) {
+				return true, nil
 			}
 		case *pb.ConsumeResponse_Started:
+			startedAt = time.Now()
 			c.consumerID.Store(event.Started.ConsumerId)
 			started()
 		case *pb.ConsumeResponse_State:
@@ -161,7 +169,36 @@ func (c *Consumer) stream(ctx context.Context, started func()) (ended bool, err 
 	}
 }
 
-func (c *Consumer) deliver(ctx context.Context, wire *pb.Delivery) bool {
+// deliverBatch hands a batch out in order, but none of it once its lease ran out
+// (at-least-once: LapsesAfter, counted from the stream's start); false when ctx ended.
+func (c *Consumer) deliverBatch(ctx context.Context, batch *pb.DeliveryBatch, startedAt time.Time) bool {
+	var lapses <-chan time.Time
+	var deadline time.Time
+	if batch.LapsesAfter != nil {
+		deadline = startedAt.Add(batch.LapsesAfter.AsDuration())
+		timer := time.NewTimer(time.Until(deadline))
+		defer timer.Stop()
+		lapses = timer.C
+	}
+	for i, delivery := range batch.Deliveries {
+		if lapses != nil && !time.Now().Before(deadline) {
+			c.lapsed.Add(uint64(len(batch.Deliveries) - i))
+			return true
+		}
+		handed := c.deliver(ctx, delivery, lapses)
+		if ctx.Err() != nil {
+			return false
+		}
+		if !handed {
+			c.lapsed.Add(uint64(len(batch.Deliveries) - i))
+			return true
+		}
+	}
+	return true
+}
+
+// deliver hands one delivery out; false if ctx ended or lapses fired first.
+func (c *Consumer) deliver(ctx context.Context, wire *pb.Delivery, lapses <-chan time.Time) bool {
 	m := wire.Message
 	delivery := Delivery{
 		ID: m.Id, Payload: m.Payload, Kind: m.Kind, Headers: m.Headers,
@@ -174,6 +211,8 @@ func (c *Consumer) deliver(ctx context.Context, wire *pb.Delivery) bool {
 			c.lastID = m.Id
 		}
 		return true
+	case <-lapses:
+		return false
 	case <-ctx.Done():
 		return false
 	}

@@ -84,7 +84,7 @@ class ConsumerReader(Protocol):
         self, consumer: Consumer, ids: Sequence[int], settlement: Settlement
     ) -> list[int]: ...
 
-    async def release_pending(self, consumer: Consumer) -> int: ...
+    async def release_pending(self, consumer: Consumer, *, unless_ordered: bool) -> int: ...
 
     async def forward(
         self,
@@ -233,11 +233,16 @@ class Consumer:
         # Not reached when cancelled by close(), which ends the iteration itself.
         await self._buffer.put(end)
 
-    async def hand_over(self, batch: list[Delivery]) -> None:
-        """For readers: queue ``batch`` (just read) for the iteration, waiting for room."""
+    async def hand_over(self, batch: list[Delivery], lapses_at: float | None = None) -> None:
+        """For readers: queue ``batch`` (just read) for the iteration, waiting for room.
+        At-least-once, its deliveries lapse a visibility timeout from now, or earlier at
+        ``lapses_at`` (``time.monotonic()``) when the reader knows they were read before
+        (a remote reader: by the gateway)."""
         if self._lapses:
             batch = ReadBatch(batch)
             batch.lapses_at = time.monotonic() + self.visibility_timeout
+            if lapses_at is not None and lapses_at < batch.lapses_at:
+                batch.lapses_at = lapses_at
         self._unbuffered = batch
         await self._buffer.put(batch)
         self._unbuffered = []
@@ -340,6 +345,14 @@ class Consumer:
         took from the read-ahead is the current one, not handed out yet."""
         if self._index >= len(self._batch) or (self._lapses and self._lapsed()):
             await self._refill()
+
+    @property
+    def lapses_at(self) -> float | None:
+        """At-least-once: when (``time.monotonic()``) the deliveries of the current batch
+        lapse, those :meth:`next_batch` returned last among them; else ``None``."""
+        if not self._lapses or self._lapses_at == float("inf"):
+            return None
+        return self._lapses_at
 
     def _lapsed(self) -> bool:
         """Whether the rest of the current batch lapsed in the read-ahead (at-least-once);
@@ -490,12 +503,17 @@ class Consumer:
         self._require_acks()
         await self.reader.nack(self, ids)
 
-    async def release_pending(self) -> int:
+    async def release_pending(self, *, unless_ordered: bool = False) -> int:
         """Give back every delivery still pending for this consumer (handed out and not
         acked), for prompt redelivery to any consumer; returns how many. For a consumer
-        whose deliveries went to a process that is gone (e.g. a closed gRPC stream)."""
+        whose deliveries went to a process that is gone (e.g. a closed gRPC stream).
+
+        With ``unless_ordered``, nothing is given back if the queue is ordered per key:
+        for deliveries whose reader may still be handling them (a broken stream is not
+        a dead client), since a redelivery beside such a handling would run two
+        messages of a key at once. Their visibility timeout brings them back."""
         self._require_acks()
-        return await self.reader.release_pending(self)
+        return await self.reader.release_pending(self, unless_ordered=unless_ordered)
 
     async def settle(self, ids: Sequence[int], settlement: Settlement) -> list[int]:
         """Retry deliveries (after ``settlement.delay``, else as the retry policy says,

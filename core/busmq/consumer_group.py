@@ -47,10 +47,12 @@ async def claim(
     return taken
 
 
-async def release_pending(queue: QueueStore, consumer: str) -> int:
-    """Give back everything pending for ``consumer`` (``release.lua``); how many."""
+async def release_pending(queue: QueueStore, consumer: str, *, unless_ordered: bool = False) -> int:
+    """Give back everything pending for ``consumer`` (``release.lua``), or with
+    ``unless_ordered`` nothing if the queue is ordered per key; how many."""
+    args = [consumer, "1" if unless_ordered else ""]
     released: int = await queue.run(
-        lambda c: queue.bus.scripts.call(c, "release", queue.keys.all(), [consumer]),
+        lambda c: queue.bus.scripts.call(c, "release", queue.keys.all(), args),
         idempotent=True,
     )
     if released:

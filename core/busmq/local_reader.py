@@ -325,5 +325,7 @@ class LocalReader:
         ack = (lambda: consumer.settle_one(message_id, True)) if settle else None
         return await self._forwarder.forward(message_id, target, items, ack)
 
-    async def release_pending(self, consumer: Consumer) -> int:
-        return await consumer_group.release_pending(self.store, consumer.name)
+    async def release_pending(self, consumer: Consumer, *, unless_ordered: bool) -> int:
+        return await consumer_group.release_pending(
+            self.store, consumer.name, unless_ordered=unless_ordered
+        )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -213,7 +214,10 @@ class QueueService(QueueInventory, QueueSchemas, pb_grpc.QueueServiceServicer):
                 CONSUMER, caller().name, consumer.queue.name, consumer.name
             )
             yield pb.ConsumeResponse(started=pb.ConsumeStarted(consumer_id=consumer_id))
-            async for response in self._deliveries(consumer, context, request.batch):
+            # A batch's lease is counted from here, after the write: a client counts
+            # from when it reads `started`, later by the transit, not earlier.
+            origin = time.monotonic()
+            async for response in self._deliveries(consumer, context, request.batch, origin):
                 yield response
         finally:
             self._consumers.pop(consumer.name, None)
@@ -243,7 +247,7 @@ class QueueService(QueueInventory, QueueSchemas, pb_grpc.QueueServiceServicer):
         )
 
     async def _deliveries(
-        self, consumer: Consumer, context: grpc.aio.ServicerContext, batch: bool
+        self, consumer: Consumer, context: grpc.aio.ServicerContext, batch: bool, origin: float
     ) -> AsyncIterator[pb.ConsumeResponse]:
         beats = paced_batches(consumer, self._draining, self._settings.heartbeat_seconds)
         try:
@@ -253,8 +257,11 @@ class QueueService(QueueInventory, QueueSchemas, pb_grpc.QueueServiceServicer):
                 elif item is Beat.HEARTBEAT:
                     yield pb.ConsumeResponse(heartbeat=types_pb2.Heartbeat(time=_now()))
                 elif batch:
-                    deliveries = [delivery_fields(d) for d in item]
-                    yield pb.ConsumeResponse(batch={"deliveries": deliveries})
+                    fields: dict[str, Any] = {"deliveries": [delivery_fields(d) for d in item]}
+                    lapses_at = consumer.lapses_at
+                    if lapses_at is not None:
+                        fields["lapses_after"] = duration(max(0.0, lapses_at - origin))
+                    yield pb.ConsumeResponse(batch=fields)
                 else:
                     for delivery in item:
                         yield pb.ConsumeResponse(delivery=delivery_fields(delivery))
@@ -266,8 +273,11 @@ class QueueService(QueueInventory, QueueSchemas, pb_grpc.QueueServiceServicer):
             await consumer.close()
             if consumer.mode is Mode.AT_LEAST_ONCE:
                 # The stream's reader is gone: whatever it was handed and did not ack is
-                # redelivered promptly rather than after the visibility timeout.
-                released = await consumer.release_pending()
+                # redelivered promptly rather than after the visibility timeout. Not on
+                # an ordered queue: a stream that broke or drained is not a client that
+                # died, and its handlers may still run (docs/design.md, "Ordering per
+                # key").
+                released = await consumer.release_pending(unless_ordered=True)
                 if released:
                     _throttled.log(
                         "released",

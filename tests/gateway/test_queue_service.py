@@ -18,6 +18,7 @@ from busmq.v1 import queue_service_pb2 as pb
 from busmq.v1 import types_pb2
 from busmq_gateway.errors import MAX_METADATA_IDS, error_metadata, to_status
 from tests.gateway.conftest import AUTH, GatewayUnderTest, error_info
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.also_on_uvloop  # the same tests on uvloop's event loop
 
@@ -217,6 +218,50 @@ async def test_unacked_deliveries_of_a_cancelled_stream_are_redelivered(
     assert sorted(d.message.id for d in second) == [1, 2, 3, 4, 5]
     counts = {d.message.id: d.delivery_count for d in second}
     assert counts[1] == counts[2] == counts[3] == 2
+
+
+async def test_an_ordered_queues_cancelled_stream_keeps_its_unacked_deliveries_leased(
+    gateway: GatewayUnderTest,
+) -> None:
+    # A stream that broke is not a client that died: its handlers may still run. On an
+    # ordered queue a prompt redelivery would run a key's message twice at once and let
+    # the key's next message overtake it, so the deliveries stay leased until their
+    # visibility timeout (the gateway's own read-ahead is given back at once).
+    await attach(gateway, "ordered-handover")
+    await gateway.queues.UpdateQueueControls(
+        pb.UpdateQueueControlsRequest(queue="ordered-handover", ordering_key="k"), metadata=AUTH
+    )
+    keys = ["a", "a", "b", "c"]
+    await gateway.queues.Push(
+        pb.PushRequest(queue="ordered-handover", messages=[text(k, k=k) for k in keys]),
+        metadata=AUTH,
+    )
+    alo = types_pb2.CONSUME_MODE_AT_LEAST_ONCE
+    long = duration_pb2.Duration(seconds=300)
+    request = pb.ConsumeRequest(queue="ordered-handover", mode=alo, visibility_timeout=long)
+    _, first = await collect(gateway, request, 1)
+    assert [d.message.id for d in first] == [1]
+    service = gateway.gateway.queues
+    await eventually(lambda: service.no_streams.is_set(), timeout=10, what="the stream's end")
+    # The key of 1 stays held by it: 2 waits. What the first stream was sent and did not
+    # read comes again (3 and 4 were sent or read ahead: redelivered after the timeout,
+    # or given back at once), so a new stream gets the other keys' messages only.
+    await gateway.queues.Push(
+        pb.PushRequest(queue="ordered-handover", messages=[text("d", k="d")]), metadata=AUTH
+    )
+    call = gateway.queues.Consume(request, metadata=AUTH)
+    received: list[int] = []
+    async for response in call:
+        if response.HasField("delivery"):
+            received.append(response.delivery.message.id)
+            if 5 in received:
+                break
+    call.cancel()
+    assert 1 not in received and 2 not in received, received
+    info = await gateway.queues.GetQueue(
+        pb.GetQueueRequest(queue="ordered-handover"), metadata=AUTH
+    )
+    assert info.ordered_keys_in_flight >= 1
 
 
 async def test_replay_streams_from_an_id_and_from_latest(gateway: GatewayUnderTest) -> None:

@@ -117,6 +117,10 @@ export class Consumer implements AsyncIterable<Delivery> {
   resumes = 0;
   /** The last error that broke the stream (it was resumed). */
   lastError: BusError | undefined;
+  /** At-least-once: deliveries not handed out because their visibility timeout ran out
+   * on the way (the gateway read them that long ago): any consumer may have claimed
+   * them, and they come again. */
+  lapsed = 0;
   private delivered = 0;
   private lastId: bigint | undefined;
   private readonly abort = new AbortController();
@@ -145,14 +149,25 @@ export class Consumer implements AsyncIterable<Delivery> {
           const stream = this.queue.client.queues.consume(this.request(), {
             signal: this.abort.signal,
           });
+          let startedAt = 0; // what a batch's lapsesAfter counts from
           for await (const response of stream) {
             const event = response.event;
             if (event.case === "started") {
+              startedAt = performance.now();
               this.consumerId = event.value.consumerId;
               backoff = 100;
             } else if (event.case === "delivery" || event.case === "batch") {
               const deliveries = event.case === "batch" ? event.value.deliveries : [event.value];
-              for (const delivery of deliveries) {
+              const lease = event.case === "batch" ? event.value.lapsesAfter : undefined;
+              const lapsesAt =
+                lease === undefined
+                  ? Infinity
+                  : startedAt + Number(lease.seconds) * 1000 + lease.nanos / 1e6;
+              for (const [i, delivery] of deliveries.entries()) {
+                if (performance.now() >= lapsesAt) {
+                  this.lapsed += deliveries.length - i;
+                  break;
+                }
                 yield this.take(delivery);
               }
             } else if (event.case === "state" && event.value.kind === "closed") {

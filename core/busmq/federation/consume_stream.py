@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -90,6 +91,7 @@ class RemoteReader:
         self._next_id = 0  # replay: the next id to ask for
         self._received = 0
         self._call: Any = None  # the stream open() opened, for read()
+        self._origin = 0.0  # when the current stream's `started` arrived
 
     async def open(self, consumer: Consumer) -> dict[str, Any]:
         """Open the stream. Refusals (unknown queue, mode conflict, bad arguments, wrong
@@ -187,6 +189,7 @@ class RemoteReader:
             self._request(consumer), metadata=link.metadata, wait_for_ready=True
         )
         first = await first_response(call, link, "the stream", self.backend.error)
+        self._origin = time.monotonic()  # what the batches' lapses_after count from
         if first.WhichOneof("event") == "started":
             consumer.name = first.started.consumer_id
         return call
@@ -231,8 +234,11 @@ class RemoteReader:
                 # (reopening then tells which).
                 return consumer.max is not None and self._received >= consumer.max
             event = response.WhichOneof("event")
+            lapses_at: float | None = None
             if event == "batch":
                 received = response.batch.deliveries
+                if response.batch.HasField("lapses_after"):
+                    lapses_at = self._origin + response.batch.lapses_after.ToMilliseconds() / 1000
             elif event == "delivery":
                 received = [response.delivery]
             else:
@@ -243,7 +249,7 @@ class RemoteReader:
             self._received += len(batch)
             if replay:
                 self._next_id = batch[-1].id + 1
-            await consumer.hand_over(batch)
+            await consumer.hand_over(batch, lapses_at)
 
     # -- settling -------------------------------------------------------------------
 
@@ -287,7 +293,7 @@ class RemoteReader:
     ) -> list[int]:
         return await self._settle(consumer, consumer.name, ids, settlement, strict=False)
 
-    async def release_pending(self, consumer: Consumer) -> int:
+    async def release_pending(self, consumer: Consumer, *, unless_ordered: bool) -> int:
         raise BusError("release_pending applies to local consumers (the gateway does it)")
 
     async def forward(

@@ -1,8 +1,12 @@
 -- Give back every delivery pending for consumer ARGV[1] for redelivery at once, in
 -- order, to the next read of any consumer (see give_back). KEYS: QueueKeys.all().
+-- ARGV[2] '1': unless the queue is ordered per key (then nothing is given back: the
+-- deliveries' reader may still be handling them, and a redelivery beside a handling
+-- would run two messages of a key at once; their visibility timeout brings them back).
 -- Returns how many were released.
 local q = queue_keys(KEYS, 1)
 local consumer = ARGV[1]
+if ARGV[2] == '1' and redis.call('HEXISTS', q.info, 'order') == 1 then return 0 end
 local held, start = {}, '-'
 while true do
   local pending = redis.call('XPENDING', q.stream, GROUP, start, '+', 1000, consumer)

@@ -313,10 +313,12 @@ class ConsumeResponse(_message.Message):
     def __init__(self, started: _Optional[_Union[ConsumeStarted, _Mapping]] = ..., delivery: _Optional[_Union[_types_pb2.Delivery, _Mapping]] = ..., heartbeat: _Optional[_Union[_types_pb2.Heartbeat, _Mapping]] = ..., state: _Optional[_Union[_types_pb2.StateEvent, _Mapping]] = ..., batch: _Optional[_Union[DeliveryBatch, _Mapping]] = ...) -> None: ...
 
 class DeliveryBatch(_message.Message):
-    __slots__ = ("deliveries",)
+    __slots__ = ("deliveries", "lapses_after")
     DELIVERIES_FIELD_NUMBER: _ClassVar[int]
+    LAPSES_AFTER_FIELD_NUMBER: _ClassVar[int]
     deliveries: _containers.RepeatedCompositeFieldContainer[_types_pb2.Delivery]
-    def __init__(self, deliveries: _Optional[_Iterable[_Union[_types_pb2.Delivery, _Mapping]]] = ...) -> None: ...
+    lapses_after: _duration_pb2.Duration
+    def __init__(self, deliveries: _Optional[_Iterable[_Union[_types_pb2.Delivery, _Mapping]]] = ..., lapses_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class ConsumeStarted(_message.Message):
     __slots__ = ("consumer_id",)
