@@ -177,6 +177,7 @@ class Consumer:
         self._lapses_at = float("inf")
         self._last: Delivery | None = None  # the last handed out of an earlier batch
         self._unbuffered: list[Delivery] = []  # handed over, waiting for room
+        self._dropped: list[int] = []  # fetched, not handed out, taken by stop()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._closing = False
@@ -261,14 +262,14 @@ class Consumer:
 
     def stop(self) -> None:
         """Stop fetching; iteration ends after the deliveries already fetched (a
-        federated at-least-once consumer drops those instead: the gateway redelivers
-        them)."""
+        federated at-least-once consumer drops those instead, and ``close()`` gives
+        them back)."""
         if self._stopping:
             return
         self._stopping = True
         if self.reader.stops_at_once and self._task is not None:
             if self.mode is Mode.AT_LEAST_ONCE:
-                self.take_read_ahead(keep_end=True)
+                self._dropped, _ = self.take_read_ahead(keep_end=True)  # for close()
             self._task.cancel()
 
     async def close(self) -> None:
@@ -286,6 +287,7 @@ class Consumer:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         leftovers, _ = self.take_read_ahead()
+        leftovers = self._dropped + leftovers
         self._finished = True
         self._ended.set()  # an iteration held back by an outage (_before_hand_out)
         self._buffer.put_nowait(End())  # wakes an iteration blocked in another task

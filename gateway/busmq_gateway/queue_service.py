@@ -313,7 +313,12 @@ class QueueService(QueueInventory, QueueSchemas, pb_grpc.QueueServiceServicer):
         delay = 0.0
         if request.HasField("delay"):
             delay = seconds(request.delay, "delay")
-        settlement = Settlement(delay=delay, error=request.error[:1024] or None)
+        if request.give_back:
+            if delay or request.error:
+                raise RequestError("give_back takes no delay or error: it is not a failure")
+            settlement = Settlement(release=True)
+        else:
+            settlement = Settlement(delay=delay, error=request.error[:1024] or None)
         unknown = await self._settle(request.queue, request.consumer_id, request.ids, settlement)
         return pb.NackResponse(unknown_ids=unknown)
 

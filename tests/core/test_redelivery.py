@@ -13,7 +13,8 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from busmq import Bus, Mode
+from busmq import Bus, Mode, controls
+from busmq.controls import Settlement
 from tests.support.redis_server import RedisServer
 from tests.support.waiting import eventually, take
 
@@ -156,3 +157,31 @@ async def test_deliveries_given_back_by_separate_calls_come_back_in_stream_order
         assert [d.data for d in again] == list(range(1, 21))
         assert [d.delivery_count for d in again[:5]] == [2] * 5
         assert [d.id for d in handed] == [1, 2, 3, 4, 5]
+
+
+async def test_a_release_gives_back_only_what_the_consumer_still_holds(
+    redis_server: RedisServer, make_bus: MakeBus
+) -> None:
+    # A consumer gives back what it holds and never handed out (a closed stream's read-
+    # ahead, seen by a client after the break): a delivery that another consumer claimed
+    # since, its lease having lapsed, is that one's and stays with it.
+    bus = await make_bus([redis_server.url])
+    async with bus.queue("release-own") as queue:
+        [message_id] = await queue.push_batch(["a"])
+        first = queue.consume(Mode.AT_LEAST_ONCE, visibility_timeout=0.5)
+        async with first:
+            [held] = await take(first, 1)
+        assert held.id == message_id
+        # Claims look for deliveries idle past the claimer's own timeout.
+        async with queue.consume(Mode.AT_LEAST_ONCE, visibility_timeout=2.0) as second:
+            [claimed] = await take(second, 1)  # the first's lease lapsed: claimed
+            assert (claimed.id, claimed.delivery_count) == (message_id, 2)
+            release = Settlement(release=True)
+            assert await controls.settle(queue.store, first.name, [message_id], release) == [
+                message_id
+            ]
+            assert (await queue.info()).pending == 1
+            assert await controls.settle(queue.store, second.name, [message_id], release) == []
+            [again] = await take(second, 1)
+            assert (again.id, again.delivery_count) == (message_id, 3)
+            await again.ack()

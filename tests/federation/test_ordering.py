@@ -8,6 +8,8 @@ import contextlib
 import random
 
 from busmq import Bus, BusUnavailableError, Mode
+from busmq.events import Event
+from busmq.keys import CONSUMER_GROUP, QueueKeys
 from busmq.message import Delivery
 from tests.core.test_ordering import Overlaps
 from tests.federation.conftest import DatacenterA
@@ -88,3 +90,75 @@ async def test_a_federated_consumer_joins_the_ordered_group_across_a_link_cut(
         assert firsts == ids, key
     assert by_side["A"] > 0 and by_side["B"] > 0, by_side
     print(f"\nfederated ordered group: {by_side}, {redelivered} redeliveries")
+
+
+async def test_what_an_ended_stream_sent_and_was_not_handed_out_is_given_back_at_once(
+    dc_a: DatacenterA, dc_b: Bus
+) -> None:
+    # An ordered queue's broken stream leaves what it sent leased (its handlers may still
+    # run). B drops what it received and had not handed out the moment the stream ends,
+    # even while its only handler is busy (nothing of the ended stream is handed out
+    # afterwards), and gives it back when it reconnects: those keys do not wait out the
+    # 60 s lease.
+    local = dc_a.bus.queue("fed-give-back")
+    await local.attach(ttl=120)
+    await local.set_ordering("account")
+    # Three batches of three: one being handed out, one in the hand-over slot, and one
+    # the reader waits to queue (so it would not see the stream's end by itself).
+    ids = await local.push_batch([({"n": i}, {"account": f"acct-{i}"}) for i in range(9)])
+    remote = dc_b.federate("fed-give-back", dc_a.url)
+    assert await remote.link.wait_usable(10)
+    await remote.attach()
+    broke, resumed = asyncio.Event(), asyncio.Event()
+
+    def on_event(event: Event) -> None:
+        if event.kind == "error":
+            broke.set()
+        elif event.kind == "consuming" and event.details.get("resumed"):
+            resumed.set()
+
+    remote.events.on(on_event)
+    holding, go_on = asyncio.Event(), asyncio.Event()
+    handled: list[tuple[int, int, bool]] = []  # id, delivery count, handed out after the cut
+    redis = dc_a.redis.client()
+    stream = QueueKeys("fed-give-back").stream
+
+    async def all_read_by_the_gateway() -> bool:
+        return int((await redis.xpending(stream, CONSUMER_GROUP))["pending"]) == len(ids)
+
+    consumer = remote.consume(Mode.AT_LEAST_ONCE, prefetch=3, visibility_timeout=60.0)
+
+    async def handle_all() -> None:
+        async for delivery in consumer:
+            handled.append((delivery.id, delivery.delivery_count, broke.is_set()))
+            if not holding.is_set():
+                holding.set()
+                await go_on.wait()
+            await delivery.ack()
+            if {i for i, _, _ in handled} >= set(ids):
+                return
+
+    try:
+        async with asyncio.timeout(40), consumer:
+            handling = asyncio.create_task(handle_all())
+            await holding.wait()
+            await eventually(all_read_by_the_gateway, timeout=10, what="all nine read")
+            # And received here (what is on the wire at a cut is lost with it: that
+            # waits for its lease).
+            await eventually(
+                lambda: len(consumer.read_ahead_ids()) == len(ids) - 1,
+                timeout=10,
+                what="the other eight received",
+            )
+            await dc_a.proxy.cut()
+            await broke.wait()
+            await dc_a.proxy.restore()
+            await resumed.wait()
+            go_on.set()
+            await handling
+    finally:
+        await redis.aclose()
+    first, *rest = handled
+    assert first == (ids[0], 1, False)
+    assert {i for i, _, _ in rest} == set(ids[1:])
+    assert all(count >= 2 and after for _, count, after in rest), handled

@@ -264,6 +264,53 @@ async def test_an_ordered_queues_cancelled_stream_keeps_its_unacked_deliveries_l
     assert info.ordered_keys_in_flight >= 1
 
 
+async def test_a_give_back_returns_a_delivery_as_it_is_and_is_not_a_failure(
+    gateway: GatewayUnderTest,
+) -> None:
+    # What a client dropped unhanded when its stream ended: given back for the next read
+    # (owner-scoped: tests/core/test_redelivery.py); a delay or an error is refused.
+    await attach(gateway, "give-back")
+    await gateway.queues.Push(
+        pb.PushRequest(queue="give-back", messages=[text("a")]), metadata=AUTH
+    )
+    alo = types_pb2.CONSUME_MODE_AT_LEAST_ONCE
+    request = pb.ConsumeRequest(
+        queue="give-back", mode=alo, visibility_timeout=duration_pb2.Duration(seconds=60)
+    )
+    call = gateway.queues.Consume(request, metadata=AUTH)
+    stream = call.__aiter__()
+    consumer_id = (await stream.__anext__()).started.consumer_id
+
+    async def next_delivery() -> types_pb2.Delivery:
+        while True:
+            response = await stream.__anext__()
+            if response.HasField("delivery"):
+                return response.delivery
+
+    assert (await next_delivery()).message.id == 1
+    for refused_fields in ({"delay": duration_pb2.Duration(seconds=1)}, {"error": "boom"}):
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await gateway.queues.Nack(
+                pb.NackRequest(
+                    queue="give-back",
+                    consumer_id=consumer_id,
+                    ids=[1],
+                    give_back=True,
+                    **refused_fields,  # type: ignore[arg-type]
+                ),
+                metadata=AUTH,
+            )
+        assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    given = await gateway.queues.Nack(
+        pb.NackRequest(queue="give-back", consumer_id=consumer_id, ids=[1, 7], give_back=True),
+        metadata=AUTH,
+    )
+    assert list(given.unknown_ids) == [7]
+    again = await next_delivery()
+    assert (again.message.id, again.delivery_count) == (1, 2)
+    call.cancel()
+
+
 async def test_replay_streams_from_an_id_and_from_latest(gateway: GatewayUnderTest) -> None:
     await attach(gateway, "history", max_length=100)
     await gateway.queues.Push(

@@ -6,9 +6,11 @@ backoff as soon as the link is usable again:
 
 * **at-least-once**: the stream is simply reopened. The gateway gives the broken
   stream's unacked deliveries back at once (after a gateway crash: after the
-  visibility timeout), and they come again with a higher ``delivery_count``. Deliveries
-  that were buffered here but not yet handed out are dropped for that reason. Acks are
-  by id, so a delivery received on a stream that broke can still be acked.
+  visibility timeout), and they come again with a higher ``delivery_count``; on an
+  ordered queue it keeps them leased instead (their handlers may still run). Deliveries
+  that were buffered here but not yet handed out are dropped the moment the stream
+  ends, and given back once a stream reopens (``give_back``). Acks are by id, so a
+  delivery received on a stream that broke can still be acked.
 * **replay**: reopened with ``from_id`` = the last id received + 1: no duplicate, no
   gap (unless retention trimmed the history in between).
 * **at-most-once**: reopened. Precisely, across any number of breaks:
@@ -35,6 +37,7 @@ backoff as soon as the link is usable again:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -92,6 +95,10 @@ class RemoteReader:
         self._received = 0
         self._call: Any = None  # the stream open() opened, for read()
         self._origin = 0.0  # when the current stream's `started` arrived
+        # At-least-once: what a stream that ended had sent and this consumer dropped
+        # unhanded, by the stream's consumer id: given back once a stream reopens.
+        self._to_give_back: list[tuple[str, list[int]]] = []
+        self._stream: Any = None  # the at-least-once stream whose end drops the read-ahead
 
     async def open(self, consumer: Consumer) -> dict[str, Any]:
         """Open the stream. Refusals (unknown queue, mode conflict, bad arguments, wrong
@@ -133,10 +140,7 @@ class RemoteReader:
             if done:
                 break  # max reached
             if consumer.mode is Mode.AT_LEAST_ONCE:
-                # The gateway gives a broken stream's unacked deliveries back: those not
-                # handed out yet will come again, so do not hand them out twice.
-                dropped, _ = consumer.take_read_ahead(keep_end=True)
-                self._received -= len(dropped)
+                self._drop_read_ahead(consumer, consumer.name)
             if consumer.max is not None and self._received >= consumer.max:
                 # Everything asked for arrived before the break (the end of the stream
                 # did not): reopening would ask for max - received = 0, which the
@@ -151,6 +155,46 @@ class RemoteReader:
         last = consumer.last_handed_out()
         if last is not None:
             self.backend.note_delivered(last)
+        if consumer.mode is Mode.AT_LEAST_ONCE and consumer.name:
+            if leftovers:
+                self._to_give_back.append((consumer.name, leftovers))
+            if self._to_give_back and self.backend.link.state is LinkState.READY:
+                await self._give_back(consumer.queue.name)
+
+    def _ended(self, consumer: Consumer, consumer_id: str, call: Any) -> None:
+        """A stream's done callback: its read-ahead is dropped, unless another stream
+        has replaced it or it ended with every delivery asked for (``max``: all of them
+        are handed out)."""
+        if call is not self._stream:
+            return
+        self._stream = None
+        if consumer.max is None or self._received < consumer.max:
+            self._drop_read_ahead(consumer, consumer_id)
+
+    def _drop_read_ahead(self, consumer: Consumer, consumer_id: str) -> None:
+        """The stream of ``consumer_id`` ended: what it sent and this consumer has not
+        handed out is dropped, to be given back. On a queue that is not ordered the
+        gateway has given it back already, and it may be handed to another consumer;
+        handed out here too, it would be handled twice. On an ordered queue it stays
+        leased to the ended stream (its handlers may still run), and the give-back
+        brings it out before its visibility timeout."""
+        dropped, _ = consumer.take_read_ahead(keep_end=True)
+        if dropped:
+            self._received -= len(dropped)
+            self._to_give_back.append((consumer_id, dropped))
+
+    async def _give_back(self, queue: str) -> None:
+        """Give back what ended streams sent and this consumer never handed out (only
+        what is still pending for that stream's consumer: ``give_back``). Best effort:
+        what could not be given back comes again when its visibility timeout lapses."""
+        pending, self._to_give_back = self._to_give_back, []
+        for consumer_id, ids in pending:
+            request = pb.NackRequest(queue=queue, consumer_id=consumer_id, ids=ids, give_back=True)
+            try:
+                await self.backend.call("Nack", request, raw=True)
+            except grpc.aio.AioRpcError as exc:
+                if error_reason(exc) != "CONSUMER_NOT_FOUND":  # else: settled, or released
+                    log.info("could not give back %d deliveries of %s: %s", len(ids), queue, exc)
 
     # -- the stream -----------------------------------------------------------------
 
@@ -192,6 +236,12 @@ class RemoteReader:
         self._origin = time.monotonic()  # what the batches' lapses_after count from
         if first.WhichOneof("event") == "started":
             consumer.name = first.started.consumer_id
+            if consumer.mode is Mode.AT_LEAST_ONCE:
+                # Noticed at once, even while the pump waits for room to hand a batch
+                # over (the iteration busy with a handler): the iteration must not hand
+                # out what the ended stream sent (see _drop_read_ahead).
+                self._stream = call
+                call.add_done_callback(functools.partial(self._ended, consumer, consumer.name))
         return call
 
     def _report(self, consumer: Consumer, error: BusError) -> None:
@@ -212,6 +262,8 @@ class RemoteReader:
             return None
         backoff.reset()
         self.reconnects += 1
+        if self._to_give_back:
+            await self._give_back(consumer.queue.name)
         details: dict[str, Any] = {"mode": consumer.mode.value, "consumer": consumer.name}
         details["resumed"] = True
         if consumer.mode is Mode.REPLAY:

@@ -1,6 +1,7 @@
 -- Settle at-least-once deliveries other than by ack: retry them after a delay, reject
 -- them to the dead-letter queue, or release them (given back as they are, for the next
--- read of any consumer: not a failure, so no limit applies).
+-- read of any consumer: not a failure, so no limit applies; only what is still pending
+-- for that consumer: a release is of what it holds and never handed out).
 -- KEYS: QueueKeys.with_dead_letters(). ARGV: op ('retry', 'reject' or 'release'), queue name,
 -- consumer, delay (ms, or 'policy <initial ms> <factor> <max ms> <jitter multiplier>':
 -- initial * factor^(deliveries - 1), at most max, times the multiplier), max_deliveries
@@ -30,8 +31,12 @@ for i = 7, #ARGV do
     end
     unknown[#unknown + 1] = ARGV[i]
   elseif op == 'release' then
-    give_back(q, sid, p[4], now - p[3])
-    parked = true
+    if p[2] == consumer then
+      give_back(q, sid, p[4], now - p[3])
+      parked = true
+    else -- claimed by another consumer since: not this one's to give back
+      unknown[#unknown + 1] = ARGV[i]
+    end
   else
     local idle, count = p[3], p[4]
     if count == 1 then redis.call('HSETNX', q.state, 'f:' .. sid, now - idle) end

@@ -347,18 +347,20 @@ class AckResponse(_message.Message):
     def __init__(self, acked: _Optional[int] = ..., unknown_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class NackRequest(_message.Message):
-    __slots__ = ("queue", "consumer_id", "ids", "delay", "error")
+    __slots__ = ("queue", "consumer_id", "ids", "delay", "error", "give_back")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
     IDS_FIELD_NUMBER: _ClassVar[int]
     DELAY_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    GIVE_BACK_FIELD_NUMBER: _ClassVar[int]
     queue: str
     consumer_id: str
     ids: _containers.RepeatedScalarFieldContainer[int]
     delay: _duration_pb2.Duration
     error: str
-    def __init__(self, queue: _Optional[str] = ..., consumer_id: _Optional[str] = ..., ids: _Optional[_Iterable[int]] = ..., delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., error: _Optional[str] = ...) -> None: ...
+    give_back: bool
+    def __init__(self, queue: _Optional[str] = ..., consumer_id: _Optional[str] = ..., ids: _Optional[_Iterable[int]] = ..., delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., error: _Optional[str] = ..., give_back: _Optional[bool] = ...) -> None: ...
 
 class NackResponse(_message.Message):
     __slots__ = ("unknown_ids",)
