@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .errors import RedisCommandError
 from .message import Message, decode_entry
+from .reads import GroupMissing
 
 if TYPE_CHECKING:
     from .queue_store import QueueStore
@@ -34,10 +36,15 @@ async def claim(
         limit,
         queue.name,
     ]
-    flat: list[Any] = await queue.run_fast(
-        lambda c: queue.bus.scripts.call(c, "claim", queue.keys.with_dead_letters(), args),
-        idempotent=True,
-    )
+    try:
+        flat: list[Any] = await queue.run_fast(
+            lambda c: queue.bus.scripts.call(c, "claim", queue.keys.with_dead_letters(), args),
+            idempotent=True,
+        )
+    except RedisCommandError as exc:
+        if str(exc).startswith("NOGROUP"):  # the stream is gone, as a read would find
+            raise GroupMissing from None
+        raise
     taken = []
     for i in range(0, len(flat), 3):
         entry_id, times, raw = flat[i], int(flat[i + 1]), flat[i + 2]

@@ -10,6 +10,7 @@ from typing import Any
 
 import grpc
 from google.protobuf import timestamp_pb2
+from grpc_status import rpc_status
 
 from busmq import (
     LATEST,
@@ -43,8 +44,8 @@ from .convert import (
 from .errors import (
     RequestError,
     error_status,
+    failure_status,
     rpc_errors,
-    to_status,
     unary,
 )
 from .fleet import CONSUMER, FleetKey
@@ -266,7 +267,8 @@ class QueueService(QueueInventory, QueueSchemas, pb_grpc.QueueServiceServicer):
                     for delivery in item:
                         yield pb.ConsumeResponse(delivery=delivery_fields(delivery))
         except BusError as exc:
-            await context.abort_with_status(to_status(exc))
+            # Logged as rpc_errors logs (an unexpected one with its traceback).
+            await context.abort_with_status(rpc_status.to_status(failure_status(exc, "Consume")))
 
     async def _end_consumer(self, consumer: Consumer) -> None:
         try:

@@ -311,6 +311,27 @@ async def test_a_give_back_returns_a_delivery_as_it_is_and_is_not_a_failure(
     call.cancel()
 
 
+async def test_a_stream_whose_queue_expires_under_it_ends_not_found(
+    gateway: GatewayUnderTest,
+) -> None:
+    # Its attachment was not renewed: the queue is gone, and its at-least-once consumer
+    # learns it from its next claim of overdue deliveries (where it was INTERNAL).
+    await gateway.queues.AttachQueue(
+        pb.AttachQueueRequest(queue="expiring", ttl=duration_pb2.Duration(seconds=1)),
+        metadata=AUTH,
+    )
+    await gateway.queues.Push(pb.PushRequest(queue="expiring", messages=[text("a")]), metadata=AUTH)
+    alo = types_pb2.CONSUME_MODE_AT_LEAST_ONCE
+    call = gateway.queues.Consume(pb.ConsumeRequest(queue="expiring", mode=alo), metadata=AUTH)
+    kinds = []
+    with pytest.raises(grpc.aio.AioRpcError) as ended:
+        async for response in call:
+            kinds.append(response.WhichOneof("event"))
+    assert kinds[:2] == ["started", "delivery"]
+    assert ended.value.code() is grpc.StatusCode.NOT_FOUND
+    assert error_info(ended.value).reason == "QUEUE_NOT_FOUND"
+
+
 async def test_replay_streams_from_an_id_and_from_latest(gateway: GatewayUnderTest) -> None:
     await attach(gateway, "history", max_length=100)
     await gateway.queues.Push(
