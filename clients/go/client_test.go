@@ -415,7 +415,7 @@ func TestConcurrentPushesGoOverOneStreamAndFailAlone(t *testing.T) {
 }
 
 func TestADeliveryWhoseLeaseRanOutOnTheWayIsNotHandedOut(t *testing.T) {
-	// One message a batch, each handled in 0.4 s under a 1 s lease: the gateway reads and
+	// One message a batch, each handled in 0.8 s under a 2 s lease: the gateway reads and
 	// sends all five at once, so the later ones lapse while they wait in the stream's
 	// buffers here (any consumer may claim them); they come again, redelivered.
 	d := start(t)
@@ -430,11 +430,11 @@ func TestADeliveryWhoseLeaseRanOutOnTheWayIsNotHandedOut(t *testing.T) {
 		t.Fatal(err)
 	}
 	consumer := queue.Consume(ctx, ConsumeOptions{
-		Mode: pb.ConsumeMode_CONSUME_MODE_AT_LEAST_ONCE, Prefetch: 1, VisibilityTimeout: time.Second,
+		Mode: pb.ConsumeMode_CONSUME_MODE_AT_LEAST_ONCE, Prefetch: 1, VisibilityTimeout: 2 * time.Second,
 	})
 	handled := map[uint64]uint32{}
 	for delivery := range consumer.Deliveries() {
-		time.Sleep(400 * time.Millisecond) // the handling
+		time.Sleep(800 * time.Millisecond) // the handling
 		if err := delivery.Ack(ctx); err != nil {
 			t.Fatal(err)
 		}

@@ -11,17 +11,17 @@ from busmq import Bus, Mode
 from busmq.keys import CONSUMER_GROUP, QueueKeys
 from tests.federation.conftest import DatacenterA
 
-VISIBILITY = 1.0
-HANDLING = 0.4
+VISIBILITY = 2.0
+HANDLING = 0.8
 
 
 async def test_a_federated_consumer_hands_out_nothing_whose_lease_ran_out_at_the_gateway(
     dc_a: DatacenterA, dc_b: Bus
 ) -> None:
-    # One message a batch, each handled in 0.4 s under a 1 s lease: the gateway reads
-    # (and sends) all five at once, so the fourth's lease runs out at 1 s while it still
-    # waits here; it reached this process at 0.4 s, so counted from its arrival it would
-    # be handed out at 1.2 s, claimable by any consumer. At each hand-out the delivery's
+    # One message a batch, each handled in 0.8 s under a 2 s lease: the gateway reads
+    # (and sends) all five at once, so the fourth's lease runs out at 2 s while it still
+    # waits here; it reached this process at 0.8 s, so counted from its arrival it would
+    # be handed out at 2.4 s, claimable by any consumer. At each hand-out the delivery's
     # idle time in Redis (since it was delivered or claimed) must be under the lease.
     local = dc_a.bus.queue("lease-ahead")
     await local.attach(ttl=120)

@@ -40,17 +40,17 @@ describe("queues through a live gateway", () => {
   });
 
   test("at-least-once, a delivery whose lease ran out on the way is not handed out: it comes again", async () => {
-    // One message a batch, each handled in 0.4 s under a 1 s lease: the gateway reads and
+    // One message a batch, each handled in 0.8 s under a 2 s lease: the gateway reads and
     // sends all five at once, so the fourth and fifth lapse while they wait in the
     // stream's buffers here (any consumer may claim them); they come again, redelivered.
     const { client } = live();
     const queue = client.queue("ts-lease-ahead");
     await queue.attach();
     await queue.pushBatch(["1", "2", "3", "4", "5"]);
-    const consumer = queue.consume({ mode: "at-least-once", prefetch: 1, visibilityTimeoutSeconds: 1 });
+    const consumer = queue.consume({ mode: "at-least-once", prefetch: 1, visibilityTimeoutSeconds: 2 });
     const handled = new Map<bigint, number>();
     for await (const delivery of consumer) {
-      await new Promise((resolve) => setTimeout(resolve, 400));
+      await new Promise((resolve) => setTimeout(resolve, 800));
       await delivery.ack();
       handled.set(delivery.id, delivery.deliveryCount);
       if (handled.size === 5) {
