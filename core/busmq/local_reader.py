@@ -144,7 +144,7 @@ class LocalReader:
                     idle = self._idle_seconds(consumer)
                     if self._due_in is not None:
                         idle = min(idle, self._due_in)
-                    wake.nudgeable = self._reads_lean(wake)
+                    wake.nudgeable = consumer.mode is not Mode.REPLAY
                     try:
                         await wait_for_wakeup(wake, idle, shard.notifier.tick)
                     finally:
@@ -237,9 +237,11 @@ class LocalReader:
         # Cleared before the read: a change announced while it runs marks it again.
         wake.recheck = False
         self._lean = False
-        entries, retried, wait, self._lean = await read_full(
+        entries, retried, wait, self._lean, last = await read_full(
             self.store, consumer.name, count, noack
         )
+        if not wake.recheck:  # else a publication may be of ids the queue gives anew
+            wake.cover(last)
         if self._lean:
             self._lean_until = loop.time() + _LEAN_SECONDS * (0.5 + random.random() / 2)
         self._due_in = None if wait < 0 else wait / 1000

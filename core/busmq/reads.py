@@ -5,7 +5,7 @@ processing controls applied), the lean ``XREADGROUP`` (no control applies), and 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import redis.exceptions as rex
 
@@ -25,22 +25,35 @@ class GroupMissing(Exception):
     """The consumer group vanished (the stream expired or was recreated)."""
 
 
-async def read_full(
-    store: QueueStore, consumer: str, count: int, noack: bool
-) -> tuple[list[Any], list[Any], int, bool]:
-    """``read.lua``: (entries, retried as (id, fields, delivery count), ms until something
-    is due or -1, whether no control applies so the lean read may follow)."""
+class FullRead(NamedTuple):
+    """What ``read.lua`` returned."""
+
+    entries: list[Any]
+    retried: list[Any]
+    """As (id, fields, delivery count)."""
+    wait: int
+    """Milliseconds until something is due, -1 nothing is, -2 the queue is paused."""
+    lean: bool
+    """No control applies: the lean read may follow."""
+    last: int
+    """The position of the last entry its ``XREADGROUP`` read, handed out or not (0:
+    none): every message up to it was read by the group (``WakeUp.cover``)."""
+
+
+async def read_full(store: QueueStore, consumer: str, count: int, noack: bool) -> FullRead:
+    """``read.lua``: new entries and due retries, the processing controls applied."""
     args: list[str | int] = [consumer, count, "1" if noack else "0", store.name]
     keys = store.keys.with_dead_letters()
     try:
-        entries, retried, wait, *lean = await store.run_fast(
+        entries, retried, wait, *rest = await store.run_fast(
             lambda m: store.bus.scripts.call(m, "read", keys, args), idempotent=True
         )
     except RedisCommandError as exc:
         if str(exc).startswith("NOGROUP"):  # the stream is gone: check, recreate
             raise GroupMissing from None
         raise store.script_error(exc) from None  # ORDERED: at-most-once on an ordered queue
-    return entries, retried, int(wait), bool(lean and lean[0])
+    lean, last = [*rest, 0, 0][:2]  # a paused queue's read returns neither
+    return FullRead(entries, retried, int(wait), bool(lean), int(last))
 
 
 async def read_lean(store: QueueStore, consumer: str, count: int, noack: bool) -> list[Any]:

@@ -68,6 +68,30 @@ async def test_an_idle_consumer_reads_in_the_same_write_as_a_push_of_its_process
         assert await reads(redis_server) - before == 20
 
 
+async def test_a_consumer_reading_with_the_script_is_nudged_and_covered_too(
+    one_bus: Bus, redis_server: RedisServer, writes: list[bytes]
+) -> None:
+    # An ordered queue's consumer always reads with read.lua: the nudge sends that read
+    # behind the push, and the script's last position covers the push's publication.
+    read_sha = one_bus.scripts.source("read")[0].encode()
+    async with one_bus.queue("nudged-full") as queue:
+        await queue.set_ordering("customer")
+        async with queue.consume(Mode.AT_LEAST_ONCE) as consumer:
+            await queue.push("first", headers={"customer": "a"})
+            [first] = await take(consumer, 1)
+            await first.ack()
+            before = await reads(redis_server)
+            writes.clear()
+            for i in range(20):
+                await queue.push(i, headers={"customer": f"k{i % 3}"})
+                [delivery] = await take(consumer, 1)
+                assert delivery.data == i
+                await delivery.ack()
+            with_push = [w for w in writes if w.count(b"EVALSHA") >= 2 and read_sha in w]
+            assert len(with_push) == 20, [w[:60] for w in writes]
+            assert await reads(redis_server) - before == 20
+
+
 async def test_competing_consumers_of_one_process_read_no_more_than_without_nudges(
     one_bus: Bus, redis_server: RedisServer
 ) -> None:

@@ -3,12 +3,14 @@
 -- messages, expiry, the per-key rate limit and the ordering per key (prelude.lua).
 -- KEYS: QueueKeys.with_dead_letters(). ARGV: consumer, count, noack ('1' at-most-once),
 -- queue name.
--- Returns {entries, retried, wait, lean}: entries as XREADGROUP gives them ({id, fields}),
--- retried as {id, fields, delivery count}, wait: -2 paused, -1 nothing scheduled, else ms
+-- Returns {entries, retried, wait, lean, last}: entries as XREADGROUP gives them ({id,
+-- fields}), retried as {id, fields, delivery count}, wait: -2 paused, -1 nothing scheduled, else ms
 -- until something (a retry, a delayed message, a rate-limit token) is due; lean is 1 when
 -- nothing here applies to the queue (no control set, nothing scheduled, no promoted
 -- message waiting): the consumer may then read with a plain XREADGROUP until told that
--- this changed (a 'c' publication on the queue's channel, see notifier.py).
+-- this changed (a 'c' publication on the queue's channel, see notifier.py); last: the
+-- position (the id's first part) of the last entry the XREADGROUP read, handed out or
+-- not (0: none), so that a publication of an id up to it is no news (WakeUp.cover).
 local q, dq = queue_keys(KEYS, 1), queue_keys(KEYS, 1 + QUEUE_KEYS)
 local consumer, want, noack, name = ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1', ARGV[4]
 local conf = redis.call('HMGET', q.info, 'paused', 'rate', 'tk', 'tt', 'krate', 'expiring',
@@ -92,6 +94,7 @@ end
 
 local entries = promoted
 local room = allowance - #retried - #promoted
+local last = 0
 if room > 0 then
   local read = {'XREADGROUP', 'GROUP', GROUP, consumer, 'COUNT', room}
   if noack then read[#read + 1] = 'NOACK' end
@@ -99,7 +102,9 @@ if room > 0 then
   local reply = redis.pcall(unpack(read))
   if type(reply) == 'table' and reply.err then return reply end -- NOGROUP: the caller recreates it
   if reply then
-    for _, entry in ipairs(reply[1][2]) do entries[#entries + 1] = entry end
+    local got = reply[1][2]
+    for _, entry in ipairs(got) do entries[#entries + 1] = entry end
+    if #got > 0 then last = position(got[#got][1]) end
   end
 end
 
@@ -210,4 +215,4 @@ if not (conf[2] or conf[5] or conf[6] or order or conf[9]) and wait == -1
     and redis.call('EXISTS', q.due, q.alias) == 0 then
   lean = 1
 end
-return {entries, retried, wait, lean}
+return {entries, retried, wait, lean, last}
