@@ -42,6 +42,18 @@ async def _usec(raw: aioredis.Redis, command: str) -> int:
     return int(stats.get(f"cmdstat_{command}", {}).get("usec", 0))
 
 
+def _script_entries(entries: list[Any]) -> list[Any]:
+    """read.lua's entries as (id, fields), from its flat list (id, number of fields,
+    fields, ...), or from the pairs an older tree's returns (for A/B runs against it)."""
+    if not entries or isinstance(entries[0], list):
+        return entries
+    pairs, at = [], 0
+    while at < len(entries):
+        pairs.append((entries[at], entries[at + 2 : at + 2 + entries[at + 1]]))
+        at += 2 + entries[at + 1]
+    return pairs
+
+
 async def _read(
     raw: aioredis.Redis, bus: Bus, store: Any, consumer: str, ordered: bool, count: int
 ) -> tuple[list[int], float]:
@@ -55,7 +67,7 @@ async def _read(
             sha, len(every), *every, consumer, count, "0", store.name
         )
         spent = await _usec(raw, "evalsha") - before
-        entries = [*entries, *retried]
+        entries = [*_script_entries(entries), *retried]
     else:
         before = await _usec(raw, "xreadgroup")
         reply = await raw.xreadgroup("busmq", consumer, {keys.stream: ">"}, count=count)

@@ -53,7 +53,19 @@ async def read_full(store: QueueStore, consumer: str, count: int, noack: bool) -
             raise GroupMissing from None
         raise store.script_error(exc) from None  # ORDERED: at-most-once on an ordered queue
     lean, last = [*rest, 0, 0][:2]  # a paused queue's read returns neither
-    return FullRead(entries, retried, int(wait), bool(lean), int(last))
+    return FullRead(_entries(entries), retried, int(wait), bool(lean), int(last))
+
+
+def _entries(flat: list[Any]) -> list[tuple[bytes, list[bytes]]]:
+    """``read.lua``'s entries, flat (id, number of fields, names and values, ...), as
+    (id, fields) pairs."""
+    entries = []
+    at, end = 0, len(flat)
+    while at < end:
+        count = flat[at + 1]
+        entries.append((flat[at], flat[at + 2 : at + 2 + count]))
+        at += 2 + count
+    return entries
 
 
 async def read_lean(store: QueueStore, consumer: str, count: int, noack: bool) -> list[Any]:

@@ -223,6 +223,30 @@ async def test_ack_of_unknown_ids_raises_after_acking_the_known_ones(bus: Bus) -
         assert await queue.count() == 0
 
 
+async def test_one_ack_of_every_kind_of_id_settles_the_held_and_names_the_rest(
+    bus: Bus,
+) -> None:
+    # One call: pending, waiting for a retry (parked), delayed (stored under a later
+    # position), given twice, stored and not delivered yet, never pushed. One XACK takes
+    # the pending one; the rest are told apart after it.
+    async with bus.queue("alo-mixed-ack") as queue:
+        await queue.push_batch(["held", "retried"])
+        await queue.push("delayed", delay=0.2)
+        async with queue.consume(Mode.AT_LEAST_ONCE, max=3) as consumer:
+            held, retried, delayed = await _take(consumer, 3)
+            assert (held.data, retried.data, delayed.data) == ("held", "retried", "delayed")
+            assert await retried.nack(delay=60) is True
+            [waiting] = await queue.push_batch(["not delivered"])
+            with pytest.raises(UnknownMessageError) as error:
+                await queue.ack(held.id, retried.id, held.id, delayed.id, waiting, 999)
+            assert error.value.ids == (held.id, waiting, 999)
+        assert await queue.count() == 1
+        async with queue.consume(Mode.AT_LEAST_ONCE) as later:
+            [left] = await _take(later, 1)
+            assert (left.id, left.data, left.delivery_count) == (waiting, "not delivered", 1)
+            assert await left.ack() is True
+
+
 async def test_cumulative_ack_acks_everything_up_to_an_id(bus: Bus) -> None:
     async with bus.queue("alo-upto") as queue:
         await queue.push_batch(list(range(10)))

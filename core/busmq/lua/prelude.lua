@@ -33,21 +33,27 @@ local function trim_age(stream, cutoff)
   redis.call('XTRIM', stream, 'MINID', string.format('%d-0', tonumber(string.match(last, '^(%d+)')) + 1))
 end
 
+-- The group's last delivered entry, as (ms, seq) of its stream id; nil without a group.
+local function last_delivered(stream)
+  local ok, groups = pcall(redis.call, 'XINFO', 'GROUPS', stream)
+  if not ok then return nil end
+  for _, g in ipairs(groups) do
+    if g[2] == GROUP then
+      local ms, seq = string.match(g[8], '^(%d+)-(%d+)$')
+      return tonumber(ms), tonumber(seq)
+    end
+  end
+  return nil
+end
+
 -- The oldest entry of a destructive queue still unsettled, as (ms, seq) of its stream id:
 -- the first pending, the first parked (a retry, a delivery given back, an entry waiting
 -- for its key), or the one after the group's last delivered. Every entry below it was
 -- delivered and settled, or read at most once. nil when the stream has no group.
 local function settled_floor(stream, parked)
-  local ok, groups = pcall(redis.call, 'XINFO', 'GROUPS', stream)
-  if not ok then return nil end
-  local floor_ms, floor_seq
-  for _, g in ipairs(groups) do
-    if g[2] == GROUP then
-      local ms, seq = string.match(g[8], '^(%d+)-(%d+)$')
-      floor_ms, floor_seq = tonumber(ms), tonumber(seq) + 1
-    end
-  end
+  local floor_ms, floor_seq = last_delivered(stream)
   if not floor_ms then return nil end
+  floor_seq = floor_seq + 1
   local pending = redis.call('XPENDING', stream, GROUP, '-', '+', 1)[1]
   if pending then
     local ms, seq = string.match(pending[1], '^(%d+)-(%d+)$')

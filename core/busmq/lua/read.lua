@@ -3,8 +3,10 @@
 -- messages, expiry, the per-key rate limit and the ordering per key (prelude.lua).
 -- KEYS: QueueKeys.with_dead_letters(). ARGV: consumer, count, noack ('1' at-most-once),
 -- queue name.
--- Returns {entries, retried, wait, lean, last}: entries as XREADGROUP gives them ({id,
--- fields}), retried as {id, fields, delivery count}, wait: -2 paused, -1 nothing scheduled, else ms
+-- Returns {entries, retried, wait, lean, last}: entries flat, each its id, its number of
+-- fields and names and values, all in one array (two tables an entry cost Redis 1.5 us an
+-- entry more to return: it looks up the special fields, err, ok and RESP3's, of each),
+-- retried as {id, fields, delivery count}, wait: -2 paused, -1 nothing scheduled, else ms
 -- until something (a retry, a delayed message, a rate-limit token) is due; lean is 1 when
 -- nothing here applies to the queue (no control set, nothing scheduled, no promoted
 -- message waiting): the consumer may then read with a plain XREADGROUP until told that
@@ -215,4 +217,12 @@ if not (conf[2] or conf[5] or conf[6] or order or conf[9]) and wait == -1
     and redis.call('EXISTS', q.due, q.alias) == 0 then
   lean = 1
 end
-return {entries, retried, wait, lean, last}
+local flat, n = {}, 0
+for _, entry in ipairs(entries) do
+  local fields = entry[2]
+  local count = #fields
+  flat[n + 1], flat[n + 2] = entry[1], count
+  for j = 1, count do flat[n + 2 + j] = fields[j] end
+  n = n + 2 + count
+end
+return {flat, retried, wait, lean, last}
