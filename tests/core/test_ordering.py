@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from busmq import Bus, Mode, OrderingError, RateLimit, inventory, scripts
+from busmq import Bus, Mode, OrderingError, RateLimit, UnknownMessageError, inventory, scripts
 from tests.support.redis_server import RedisServer
 from tests.support.waiting import eventually, take
 
@@ -216,6 +216,31 @@ async def test_dead_letters_and_rejects_free_the_key(one_bus: Bus) -> None:
             assert good.data == "good"
             await good.ack()
         assert (await queue.info()).dead_letters == 1
+
+
+async def test_an_ack_of_a_holder_trimmed_while_pending_frees_its_key_in_a_mixed_batch(
+    one_bus: Bus, redis_server: RedisServer
+) -> None:
+    # The ack's one XACK takes the trimmed holder, and 999 makes the batch mixed: what
+    # the XACK took is then told apart by what it left, and the stream no longer has
+    # the holder. Its key must come free all the same, or "next" would wait forever.
+    async with one_bus.queue("ordered-trimmed") as queue:
+        await queue.set_ordering("k")
+        await queue.push("holder", headers={"k": "a"})
+        async with queue.consume(Mode.AT_LEAST_ONCE) as consumer:
+            [holder] = await take(consumer, 1)
+            raw = redis_server.client()
+            try:
+                assert await raw.xdel(queue.store.keys.stream, f"{holder.id}-0") == 1
+            finally:
+                await raw.aclose()
+            await queue.push("next", headers={"k": "a"})
+            with pytest.raises(UnknownMessageError) as error:
+                await queue.ack(holder.id, 999)
+            assert error.value.ids == (999,)
+            [after] = await take(consumer, 1, timeout=10)
+            assert after.data == "next"
+            await after.ack()
 
 
 async def test_turning_ordering_on_over_a_backlog_keeps_its_order_and_off_frees_it(

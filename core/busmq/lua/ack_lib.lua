@@ -38,7 +38,9 @@ end
 -- acks as many as it was given, each was pending. Otherwise the ones it acked are told by
 -- what it leaves: an entry that is still in the stream, was delivered and is not parked
 -- was pending until this XACK (the one other such entry, one read at-most-once whose
--- delete is deferred, is counted acked: it goes anyway); the rest take ack_find's way.
+-- delete is deferred, is counted acked: it goes anyway), and so was an entry trimmed
+-- away that an ordered queue still lists as unsettled; the rest take ack_find's way.
+-- (An unordered entry trimmed while pending is then unknown, where alone it is acked.)
 local function ack_all(a, ids)
   local sids = {}
   for i, id in ipairs(ids) do sids[i] = id .. '-0' end
@@ -57,8 +59,9 @@ local function ack_all(a, ids)
       if was_parked(a.due, a.parked, sid) then
         found = sid
       elseif taken > 0 and upto_ms and tonumber(id) and at_or_before(tonumber(id), 0, upto_ms, upto_seq)
-          and #redis.call('XRANGE', a.stream, sid, sid) > 0 then
-        found = sid
+          and (#redis.call('XRANGE', a.stream, sid, sid) > 0
+            or redis.call('HEXISTS', a.held, 's:' .. sid) == 1) then
+        found = sid -- (or trimmed while pending: an ordered one still holds its key)
       else
         local moved = redis.call('HGET', a.alias, id)
         if moved and (redis.call('XACK', a.stream, GROUP, moved) == 1 or was_parked(a.due, a.parked, moved)) then
