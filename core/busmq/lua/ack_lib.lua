@@ -14,19 +14,24 @@ local function was_parked(due, parked, sid)
   return true
 end
 
--- Ack message id; the stream id it was pending (or parked) under, or nil if it was not.
-local function ack_find(stream, alias, due, parked, id)
-  local sid = id .. '-0'
-  if redis.call('XACK', stream, GROUP, sid) == 1 or was_parked(due, parked, sid) then
-    return sid
-  end
-  -- A delayed message is stored under a later position than its id.
+-- Ack delayed message id, stored under a later position than its id: that position if
+-- it was pending (or parked), else nil.
+local function ack_moved(stream, alias, due, parked, id)
   local moved = redis.call('HGET', alias, id)
   if moved and (redis.call('XACK', stream, GROUP, moved) == 1 or was_parked(due, parked, moved)) then
     redis.call('HDEL', alias, id)
     return moved
   end
   return nil
+end
+
+-- Ack message id; the stream id it was pending (or parked) under, or nil if it was not.
+local function ack_find(stream, alias, due, parked, id)
+  local sid = id .. '-0'
+  if redis.call('XACK', stream, GROUP, sid) == 1 or was_parked(due, parked, sid) then
+    return sid
+  end
+  return ack_moved(stream, alias, due, parked, id)
 end
 
 local function at_or_before(a_ms, a_seq, b_ms, b_seq)
@@ -39,7 +44,8 @@ end
 -- what it leaves: an entry that is still in the stream, was delivered and is not parked
 -- was pending until this XACK (the one other such entry, one read at-most-once whose
 -- delete is deferred, is counted acked: it goes anyway), and so was an entry trimmed
--- away that an ordered queue still lists as unsettled; the rest take ack_find's way.
+-- away that an ordered queue still lists as unsettled; the rest may be delayed messages
+-- (ack_moved).
 -- (An unordered entry trimmed while pending is then unknown, where alone it is acked.)
 local function ack_all(a, ids)
   local sids = {}
@@ -63,11 +69,7 @@ local function ack_all(a, ids)
             or redis.call('HEXISTS', a.held, 's:' .. sid) == 1) then
         found = sid -- (or trimmed while pending: an ordered one still holds its key)
       else
-        local moved = redis.call('HGET', a.alias, id)
-        if moved and (redis.call('XACK', a.stream, GROUP, moved) == 1 or was_parked(a.due, a.parked, moved)) then
-          redis.call('HDEL', a.alias, id)
-          found = moved
-        end
+        found = ack_moved(a.stream, a.alias, a.due, a.parked, id)
       end
     end
     if found then acked[#acked + 1] = found else unknown[#unknown + 1] = id end
