@@ -5,6 +5,7 @@ answered before a drain ends the stream."""
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -243,3 +244,30 @@ async def test_a_client_that_takes_no_answers_holds_at_most_max_in_flight() -> N
     async for response in responses:
         answered.update(o.sequence for o in response.outcomes)
     assert answered == set(range(100))
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="eager tasks came with Python 3.12")
+async def test_a_push_is_under_way_before_the_next_request_is_read() -> None:
+    """A queue's lane starts its push in the reader's own turn of the event loop (an eager
+    task): the push is on the shard connection before the next request is read, not a
+    turn later behind whatever else the gateway has ready."""
+    started: list[bytes] = []
+    seen_at_next_read: list[list[bytes]] = []
+    release = asyncio.Event()
+
+    async def store(request: pb.PushRequest) -> PushResult:
+        started.append(request.messages[0].payload)
+        await release.wait()
+        return PushResult(ids=[len(started)], duplicate=False)
+
+    async def requests() -> AsyncIterator[Any]:
+        for sequence in range(3):
+            yield push(sequence, f"q{sequence}", b"%d" % sequence)
+            seen_at_next_read.append(list(started))
+        release.set()
+
+    answered: set[int] = set()
+    async for response in PushStreamSession(store, asyncio.Event()).responses(requests()):
+        answered.update(o.sequence for o in response.outcomes)
+    assert seen_at_next_read == [[b"0"], [b"0", b"1"], [b"0", b"1", b"2"]]
+    assert answered == {0, 1, 2}
