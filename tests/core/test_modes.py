@@ -187,8 +187,14 @@ async def test_what_another_consumer_claimed_is_not_handed_out_from_the_read_ahe
     # second consumer claims all 15 meanwhile. The first hands out none of its 14 stale
     # copies (a ``lapsed`` event counts them): its next delivery is the next message.
     async with bus.queue("alo-lapsed") as queue:
-        lapsed: list[int] = []
-        queue.events.on(lambda e: lapsed.append(e.details["count"]) if e.kind == "lapsed" else None)
+        lapsed: dict[str, list[int]] = {}
+        queue.events.on(
+            lambda e: (
+                lapsed.setdefault(e.details["consumer"], []).append(e.details["count"])
+                if e.kind == "lapsed"
+                else None
+            )
+        )
         await queue.push_batch(list(range(15)))
         first = queue.consume(Mode.AT_LEAST_ONCE, prefetch=5, visibility_timeout=0.5)
         async with first:
@@ -201,12 +207,18 @@ async def test_what_another_consumer_claimed_is_not_handed_out_from_the_read_ahe
                     assert await delivery.ack() is True
                     if len(claimed) == 15:
                         break
-            assert claimed == {n: 2 for n in range(15)}
+            # Each came to the second through a claim. On a machine slow enough that the
+            # second's own read-ahead outlives 0.5 s, what lapsed there comes once more.
+            assert sorted(claimed) == list(range(15))
+            assert min(claimed.values()) >= 2, claimed
+            if second.name not in lapsed:
+                assert claimed == {n: 2 for n in range(15)}
             assert await held.ack() is False  # the second consumer's handling acked it
             await queue.push("next")
             [after] = await _take(first, 1)
             assert after.data == "next"
-        assert sum(lapsed) == 14, lapsed  # the current batch's 4, then two batches of 5
+        # the current batch's 4, then two batches of 5
+        assert sum(lapsed[first.name]) == 14, lapsed
 
 
 async def test_ack_of_unknown_ids_raises_after_acking_the_known_ones(bus: Bus) -> None:
