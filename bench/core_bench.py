@@ -111,6 +111,7 @@ class Config:
     request_ids: bool = False  # busmq: every push carries a fresh request id
     producer: bool = False  # busmq: every push carries its producer's next sequence
     tracing: str = "off"  # busmq: off, api (propagation, no SDK), sdk (spans recorded)
+    pace: str = "exact"  # the rate run's producers wake each at its own time, or "ms"
 
 
 @dataclass(slots=True)
@@ -253,13 +254,22 @@ async def flood_producer(run: Run, lane: Lane, push: Push) -> None:
         lane.pushed += batch
 
 
+def wake_time(due: float, pace: str) -> float:
+    """When a producer whose next push is due at ``due`` wakes. ``ms``: on the first
+    millisecond tick at or after it, as the Node.js side's ``setTimeout`` fires (libuv's
+    loop keeps time in milliseconds), so that both sides are offered the same bunches of
+    pushes; ``exact``: at ``due`` itself, each push alone (only this side can pace so)."""
+    return math.ceil(due * 1000) / 1000 if pace == "ms" else due
+
+
 async def paced_producer(run: Run, lane: Lane, push: Push, start: float) -> None:
     """Single pushes at ``rate / queues`` msg/s, phase-shifted per queue."""
     loop = asyncio.get_running_loop()
     interval = run.config.queues / run.config.rate
     due = start + interval * lane.index / run.config.queues
+    pace = run.config.pace
     while run.running:
-        delay = due - loop.time()
+        delay = wake_time(due, pace) - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)
         if not run.running:
@@ -840,7 +850,8 @@ def report(config: Config, results: list[Result]) -> str:
         f"{config.seconds:g} s measured per run after {config.warmup:g} s warm-up",
         f"flood: push batches of {config.batch}, window {config.window}/queue, "
         f"prefetch {config.prefetch}, alo ack every {config.ack_every}; "
-        f"rate: {config.rate:,.0f} msg/s single pushes",
+        f"rate: {config.rate:,.0f} msg/s single pushes, "
+        + ("on millisecond ticks" if config.pace == "ms" else "each at its own time"),
         "",
     ]
     with_node = any(r.impl == "node" and r.samples for r in results)
@@ -940,6 +951,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="busmq: trace propagation off, on with the API only, or on with the SDK recording",
     )
     p.add_argument(
+        "--pace",
+        choices=("exact", "ms"),
+        default="exact",
+        help="the rate run's producers wake each at its own due time, or on millisecond "
+        "ticks as the Node.js side's timers do (the same bunches offered to both)",
+    )
+    p.add_argument(
         "--bus-setting",
         action="append",
         default=[],
@@ -1033,6 +1051,7 @@ async def main_async(args: argparse.Namespace) -> list[Result]:
         request_ids=args.request_ids,
         producer=args.producer,
         tracing=args.tracing,
+        pace=args.pace,
     )
     results: list[Result] = []
     own: list[str] = []  # the tables of the scenarios with a workload of their own
@@ -1105,6 +1124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         fields: dict[str, Any] = dict(saved["config"])
         fields["bus_settings"] = tuple(map(tuple, fields.get("bus_settings", ())))
         fields.setdefault("max_connections", 0)
+        fields.setdefault("pace", "exact")  # saved before --pace
         config = Config(**fields)
         print(report(config, [Result(**r) for r in saved["results"]]))
         return 0
