@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
 
 from busmq import PushResult
+from busmq.eager import start_eagerly
 from busmq.v1 import queue_service_pb2 as pb
 
 from .access import Refused
@@ -37,15 +37,6 @@ from .errors import RequestError, error_status, failure_status
 MAX_IN_FLIGHT = 1000
 
 Push = Callable[[pb.PushRequest], Awaitable[PushResult]]
-
-
-def start_eagerly(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-    """A task for ``coro`` that runs its first step now (Python 3.12+): a lane's push is
-    on the shard connection before the reader reads on, instead of a turn of the event
-    loop later."""
-    if sys.version_info >= (3, 12):
-        return asyncio.eager_task_factory(asyncio.get_running_loop(), coro)
-    return asyncio.create_task(coro)  # pragma: no cover - the 3.11 floor
 
 
 async def push_outcome(push: Push, request: pb.PushRequest, method: str) -> dict[str, Any]:

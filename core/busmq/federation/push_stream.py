@@ -7,8 +7,11 @@ falls back to coalesced unary calls when it does not).
 
 * The stream is opened on first use, on a channel of the link's pool, and again after
   it ends or the pool moved to another URL (a failover).
-* Pushes are written by one writer task in the order they were made; the gateway stores
-  a queue's pushes in the order read, and answers each by its ``sequence``.
+* Pushes are written in the order they were made, by a writer task while there are
+  pushes to write: an eager one (Python 3.12+), so that a push made while none is being
+  written is on the stream in its caller's turn of the event loop, not a turn later.
+  The gateway stores a queue's pushes in the order read, and answers each by its
+  ``sequence``.
 * An answer is mapped exactly as a ``Push``'s status would be. A stream that ends
   (cut, drained, reset) leaves its unanswered pushes :class:`AmbiguousPush`: they may or
   may not be stored, and go to the outbox with their ``request_id``, which the gateway
@@ -23,12 +26,14 @@ falls back to coalesced unary calls when it does not).
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 from collections.abc import Callable
 from typing import Any
 
 import grpc
 
+from ..eager import start_eagerly
 from ..v1 import queue_service_pb2 as pb
 from .calls import LinkCalls
 from .errors import UNAUTHORIZED, AmbiguousPush
@@ -54,7 +59,11 @@ class _Stream:
         self.call: Any = link.stub().PushStream(metadata=link.metadata)
         self.sequence = 0
         self.waiting: dict[int, tuple[pb.PushRequest, asyncio.Future[pb.PushResponse]]] = {}
-        self.outgoing: asyncio.Queue[pb.PushStreamRequest] = asyncio.Queue()
+        self.outgoing: collections.deque[pb.PushStreamRequest] = collections.deque()
+        self.headers_read = False
+        self.writer: asyncio.Task[None] | None = None
+        """Writes while there is something to write (see ``StreamedPushes._write``)."""
+        self.writer_name = f"busmq-push-stream {self.url}"
         self.tasks: list[asyncio.Task[None]] = []
 
 
@@ -103,7 +112,9 @@ class StreamedPushes:
         sequence = stream.sequence
         future: asyncio.Future[pb.PushResponse] = asyncio.get_running_loop().create_future()
         stream.waiting[sequence] = (request, future)
-        stream.outgoing.put_nowait(pb.PushStreamRequest(sequence=sequence, push=request))
+        stream.outgoing.append(pb.PushStreamRequest(sequence=sequence, push=request))
+        if stream.writer is None or stream.writer.done():
+            stream.writer = start_eagerly(self._write(stream), name=stream.writer_name)
         try:
             async with asyncio.timeout(self._link.operation_timeout):
                 return await future
@@ -120,7 +131,8 @@ class StreamedPushes:
         stream, self._stream = self._stream, None
         if stream is not None:
             self._end(stream, asyncio.CancelledError())
-            await asyncio.gather(*stream.tasks, return_exceptions=True)
+            tasks = [*stream.tasks, *([stream.writer] if stream.writer else [])]
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     # -- the call -----------------------------------------------------------------------
 
@@ -132,19 +144,22 @@ class StreamedPushes:
             self._end(stream, AmbiguousPush())
         stream = self._stream = _Stream(self._link)
         stream.tasks = [
-            asyncio.create_task(self._write(stream), name=f"busmq-push-stream {stream.url}"),
             asyncio.create_task(self._read(stream), name=f"busmq-push-answers {stream.url}"),
         ]
         return stream
 
     async def _write(self, stream: _Stream) -> None:
+        """Write what waits, then end (the next push starts another writer)."""
+        call, outgoing = stream.call, stream.outgoing
         try:
-            # The gateway's headers first: a refusal (UNIMPLEMENTED, UNAUTHENTICATED) is
-            # then read as its status, not hidden by a write that lost the race with
-            # it (grpc.aio reports such a write as INTERNAL: grpc/grpc#36066).
-            await stream.call.initial_metadata()
-            while not stream.call.done():
-                await stream.call.write(await stream.outgoing.get())
+            if not stream.headers_read:
+                # The gateway's headers first: a refusal (UNIMPLEMENTED, UNAUTHENTICATED)
+                # is then read as its status, not hidden by a write that lost the race
+                # with it (grpc.aio reports such a write as INTERNAL: grpc/grpc#36066).
+                await call.initial_metadata()
+                stream.headers_read = True
+            while outgoing and not call.done():
+                await call.write(outgoing.popleft())
         except asyncio.CancelledError:
             raise
         except Exception:  # the call ended: the reader sees how
@@ -201,8 +216,8 @@ class StreamedPushes:
                 else:
                     future.set_exception(error)
         current = asyncio.current_task()
-        for task in stream.tasks:
-            if task is not current:
+        for task in [*stream.tasks, stream.writer]:
+            if task is not None and task is not current:
                 task.cancel()
         stream.call.cancel()
         if self._stream is stream:
