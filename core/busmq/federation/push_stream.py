@@ -61,10 +61,13 @@ class _Stream:
         self.waiting: dict[int, tuple[pb.PushRequest, asyncio.Future[pb.PushResponse]]] = {}
         self.outgoing: collections.deque[pb.PushStreamRequest] = collections.deque()
         self.headers_read = False
+        self.reader: asyncio.Task[None] | None = None
         self.writer: asyncio.Task[None] | None = None
         """Writes while there is something to write (see ``StreamedPushes._write``)."""
         self.writer_name = f"busmq-push-stream {self.url}"
-        self.tasks: list[asyncio.Task[None]] = []
+
+    def tasks(self) -> list[asyncio.Task[None]]:
+        return [task for task in (self.reader, self.writer) if task is not None]
 
 
 def settle(
@@ -131,8 +134,7 @@ class StreamedPushes:
         stream, self._stream = self._stream, None
         if stream is not None:
             self._end(stream, asyncio.CancelledError())
-            tasks = [*stream.tasks, *([stream.writer] if stream.writer else [])]
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*stream.tasks(), return_exceptions=True)
 
     # -- the call -----------------------------------------------------------------------
 
@@ -143,9 +145,9 @@ class StreamedPushes:
         if stream is not None:
             self._end(stream, AmbiguousPush())
         stream = self._stream = _Stream(self._link)
-        stream.tasks = [
-            asyncio.create_task(self._read(stream), name=f"busmq-push-answers {stream.url}"),
-        ]
+        stream.reader = asyncio.create_task(
+            self._read(stream), name=f"busmq-push-answers {stream.url}"
+        )
         return stream
 
     async def _write(self, stream: _Stream) -> None:
@@ -216,8 +218,8 @@ class StreamedPushes:
                 else:
                     future.set_exception(error)
         current = asyncio.current_task()
-        for task in [*stream.tasks, stream.writer]:
-            if task is not None and task is not current:
+        for task in stream.tasks():
+            if task is not current:
                 task.cancel()
         stream.call.cancel()
         if self._stream is stream:
