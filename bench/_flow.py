@@ -15,6 +15,8 @@ from typing import Any
 
 import psutil
 
+from _redis import machine_steal_seconds  # bench/ is sys.path[0]
+
 STAMP = struct.Struct("<q")  # send time (perf_counter_ns) at the head of each payload
 
 
@@ -33,6 +35,9 @@ class Figures:
     # server process (gateway, or the Node.js busmq's federation server), when measured.
     client_us: float = float("nan")
     server_us: float = float("nan")
+    # Cores the hypervisor gave to other guests during the window (see
+    # machine_steal_seconds): a round whose tail is long for that reason says so here.
+    steal_cores: float = float("nan")
 
     @property
     def pushed_per_s(self) -> float:
@@ -73,11 +78,13 @@ class Lanes:
         await asyncio.sleep(warmup)
         start_consumed, start_sent = sum(self.consumed), sum(self.sent)
         self.recording = True
+        steal = StealMeter()
         started = time.perf_counter()
         await asyncio.sleep(seconds)
         return Figures(
             label,
             time.perf_counter() - started,
+            steal_cores=steal.cores(),
             pushed=sum(self.sent) - start_sent,
             consumed=sum(self.consumed) - start_consumed,
             p50_ms=percentile(self.latencies, 0.5),
@@ -114,6 +121,7 @@ def write_json(path: Path, rows: list[Figures]) -> None:
             "max ms": row.max_ms,
             "client us/msg": row.client_us,
             "server us/msg": row.server_us,
+            "steal cores": row.steal_cores,
         }
         for row in rows
     ]
@@ -152,6 +160,7 @@ def median_row(rows: list[Figures]) -> Figures:
         outboxed=int(median([float(r.outboxed) for r in rows])),
         client_us=median([r.client_us for r in rows]),
         server_us=median([r.server_us for r in rows]),
+        steal_cores=median([r.steal_cores for r in rows]),
     )
 
 
@@ -160,34 +169,52 @@ def report(rows: list[Figures], width: int = 40) -> None:
     latency = f"{'p50 ms':>9}{'p99 ms':>9}{'p99.9 ms':>10}{'max ms':>9}"
     cpu = any(not math.isnan(r.client_us) for r in rows)
     cpu_header = f"{'client us':>11}{'server us':>11}" if cpu else ""
-    print(f"\n{'run':<{width}}{'pushed/s':>12}{'consumed/s':>12}{latency}{cpu_header}")
+    print(f"\n{'run':<{width}}{'pushed/s':>12}{'consumed/s':>12}{latency}{cpu_header}{'steal':>7}")
     for row in rows:
         cells = f"{row.client_us:>11.0f}{row.server_us:>11.0f}" if cpu else ""
+        cells += f"{row.steal_cores:>7.2f}"
         print(
             f"{row.label:<{width}}{row.pushed_per_s:>12,.0f}{row.consumed_per_s:>12,.0f}"
             f"{row.p50_ms:>9.2f}{row.p99_ms:>9.2f}{row.p999_ms:>10.2f}{row.max_ms:>9.2f}{cells}"
         )
     if cpu:
         print("(client/server us: CPU per message of the client and the server process)")
+    print("(steal: cores the hypervisor gave to other guests meanwhile, of this VM's cores)")
 
 
 def report_rounds(runs: list[list[Figures]], width: int = 40) -> None:
-    """Each round's latency figures, so that a single unstable number shows as one."""
-    print(f"\n{'run, each round':<{width}}{'p50 ms':>20}{'p99 ms':>20}{'p99.9 ms':>20}")
+    """Each round's latency figures, so that a single unstable number shows as one, and
+    the cores the hypervisor took meanwhile (steal), which tell a round the VM stalled
+    from one the code did."""
+    header = "".join(f"{h:>20}" for h in ("p50 ms", "p99 ms", "p99.9 ms", "steal cores"))
+    print(f"\n{'run, each round':<{width}}{header}")
     for rounds in runs:
         cells = [
             " ".join(f"{getattr(r, name):.2f}" for r in rounds)
-            for name in ("p50_ms", "p99_ms", "p999_ms")
+            for name in ("p50_ms", "p99_ms", "p999_ms", "steal_cores")
         ]
         print(f"{rounds[0].label:<{width}}" + "".join(f"{c:>20}" for c in cells))
 
 
+class StealMeter:
+    """Cores the hypervisor gave to other guests since this meter was made."""
+
+    def __init__(self) -> None:
+        self.start = machine_steal_seconds()
+        self.started = time.perf_counter()
+
+    def cores(self) -> float:
+        elapsed = time.perf_counter() - self.started
+        return (machine_steal_seconds() - self.start) / elapsed if elapsed > 0 else math.nan
+
+
 class CpuMeter:
-    """CPU seconds of processes over a window, per message."""
+    """CPU seconds of processes over a window, per message; and the machine's steal."""
 
     def __init__(self, *pids: int | None) -> None:
         self.processes = [psutil.Process(pid) if pid else None for pid in pids]
         self.start = [self._cpu(p) for p in self.processes]
+        self.steal = StealMeter()
 
     @staticmethod
     def _cpu(process: psutil.Process | None) -> float:

@@ -77,15 +77,32 @@ except (ValueError, OSError, AttributeError):  # pragma: no cover
     _CLK_TCK = 100
 
 
-def machine_busy_seconds() -> float:
-    """CPU seconds all cores of the machine spent not idle (from /proc/stat)."""
+def _machine_ticks() -> list[int]:
+    """The machine's CPU time by state, all cores (the ``cpu`` line of /proc/stat):
+    user, nice, system, idle, iowait, irq, softirq, steal, ..."""
     try:
         fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
     except OSError:
+        return []
+    return [int(f) for f in fields]
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds all cores of the machine spent working (from /proc/stat): neither
+    idle nor taken by the hypervisor (steal, see :func:`machine_steal_seconds`)."""
+    ticks = _machine_ticks()
+    if not ticks:
         return 0.0
-    ticks = [int(f) for f in fields]
     idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
-    return (sum(ticks[:8]) - idle) / _CLK_TCK
+    return (sum(ticks[:7]) - idle) / _CLK_TCK
+
+
+def machine_steal_seconds() -> float:
+    """CPU seconds the hypervisor gave to other guests while this VM's cores had work
+    (steal, from /proc/stat): time every process here waited without running, which
+    shows in a latency tail and in no process's CPU time."""
+    ticks = _machine_ticks()
+    return ticks[7] / _CLK_TCK if len(ticks) > 7 else 0.0
 
 
 @contextlib.contextmanager

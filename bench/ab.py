@@ -14,7 +14,10 @@ figure, the median of each side and the ratio this tree / REV.
     .venv/bin/python bench/ab.py 699ae03~1 --a 699ae03      # two revisions, neither this tree
     .venv/bin/python bench/ab.py HEAD --a-extra "--tracing sdk"  # a feature on (A) and off (B)
 
-Uncommitted changes count as this tree's, so ``ab.py HEAD`` measures them. Before landing
+The machine's steal (cores the hypervisor gave to other guests during each round) is
+shown beside the figures, without a ratio: on a shared VM it tells a round that lost
+its cores from one that got slower. Uncommitted changes count as this tree's, so
+``ab.py HEAD`` measures them. Before landing
 a change to a hot path, run it against the previous commit and show its table.
 """
 
@@ -41,6 +44,8 @@ BENCHES = {
 }
 # Figures where more is better; for the rest (latency, CPU per message) less is better.
 HIGHER_IS_BETTER = {"consumed/s"}
+# Figures of the machine, not of the code: shown beside the others, without a ratio.
+CONTEXT = {"steal cores"}
 CORE_FIGURES = {
     "consumed/s": lambda r: r["consumed_per_s"],
     "p50 ms": lambda r: r["p50_ms"],
@@ -48,6 +53,7 @@ CORE_FIGURES = {
     "p99.9 ms": lambda r: r["p999_ms"],
     "client us/msg": lambda r: _per_msg(r["client_cpu"], r),
     "redis us/msg": lambda r: _per_msg(r["redis_cpu"], r),
+    "steal cores": lambda r: r.get("steal_cpu", math.nan),  # older trees lack it
 }
 FIXED_RATE_SKIP = {"consumed/s"}  # a fixed-rate run consumes what it is given
 
@@ -72,7 +78,8 @@ def rows_of(bench: str, payload: dict[str, Any]) -> Rows:
         for result in payload["results"]:
             label = f"{result['impl']} {result['scenario']}"
             skip = FIXED_RATE_SKIP if result["scenario"] == "rate" else set()
-            rows[label] = {n: get(result) for n, get in CORE_FIGURES.items() if n not in skip}
+            figures = {n: get(result) for n, get in CORE_FIGURES.items() if n not in skip}
+            rows[label] = {n: v for n, v in figures.items() if not _missing(v)}
         return rows
     out: Rows = {}
     for row in payload["rows"]:
@@ -128,10 +135,9 @@ def table(this: str, rev: str, sides: dict[str, list[Rows]]) -> str:
             ma, mb = median(a), median(b)
             ratio = ma / mb if mb and not math.isnan(mb) else math.nan
             better = "" if math.isnan(ratio) else _verdict(name, ratio)
+            cell = f"{ratio:>7.2f}x{better}" if name not in CONTEXT else f"{'':>9}"
             spread = " ".join(_fmt(v) for v in a)
-            lines.append(
-                f"{title:<36}{name:<15}{_fmt(ma):>12}{_fmt(mb):>12}{ratio:>7.2f}x{better}  {spread}"
-            )
+            lines.append(f"{title:<36}{name:<15}{_fmt(ma):>12}{_fmt(mb):>12}{cell}  {spread}")
             title = ""
     return "\n".join(lines)
 

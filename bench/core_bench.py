@@ -64,6 +64,7 @@ from _redis import (  # bench/ is sys.path[0]
     RedisTarget,
     local_redis,
     machine_busy_seconds,
+    machine_steal_seconds,
 )
 from busmq import Bus, BusError, BusSettings, Consumer, Mode, Queue
 
@@ -226,6 +227,7 @@ class Result:
     client_cpu: float = 0.0  # cores used by this process during the measured window
     redis_cpu: float = 0.0  # cores used by redis-server during the measured window
     other_cpu: float = 0.0  # cores used by everything else on the machine meanwhile
+    steal_cpu: float = 0.0  # cores the hypervisor gave to other guests meanwhile
     client_sys_share: float = 0.0  # fraction of this process's CPU spent in the kernel
     settle_seconds: float = 0.0  # extra warm-up until the backlog stopped moving
     notes: list[str] = field(default_factory=list)
@@ -339,7 +341,7 @@ async def measure(run: Run, server: RedisTarget, result: Result) -> None:
     result.settle_seconds = await settle(run)
     _, pushed0, consumed0 = run.totals()
     cpu0, rcpu0, busy0 = time.process_time(), server.cpu_seconds(), machine_busy_seconds()
-    sys0 = os.times().system
+    sys0, steal0 = os.times().system, machine_steal_seconds()
     t0 = time.perf_counter()
     run.recording = True
     samples: list[tuple[float, int]] = []
@@ -352,7 +354,7 @@ async def measure(run: Run, server: RedisTarget, result: Result) -> None:
     t1 = time.perf_counter()
     _, pushed1, consumed1 = run.totals()
     cpu1, rcpu1, busy1 = time.process_time(), server.cpu_seconds(), machine_busy_seconds()
-    sys1 = os.times().system
+    sys1, steal1 = os.times().system, machine_steal_seconds()
     span = t1 - t0
     result.seconds = span
     result.pushed = pushed1 - pushed0
@@ -364,6 +366,7 @@ async def measure(run: Run, server: RedisTarget, result: Result) -> None:
     result.client_sys_share = (sys1 - sys0) / (cpu1 - cpu0) if cpu1 > cpu0 else 0.0
     result.redis_cpu = (rcpu1 - rcpu0) / span
     result.other_cpu = max(0.0, (busy1 - busy0) / span - result.client_cpu - result.redis_cpu)
+    result.steal_cpu = (steal1 - steal0) / span
     if samples:
         backlogs = [b for _, b in samples]
         result.backlog_mean = sum(backlogs) / len(backlogs)
@@ -688,18 +691,20 @@ async def run_node(config: Config, server: LocalRedis, scenario: str) -> Result:
     ]  # fmt: skip
     process = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.PIPE)
     assert process.stdout is not None
-    rcpu0 = busy0 = 0.0
+    rcpu0 = busy0 = steal0 = 0.0
     figures: dict[str, float] = {}
     async for raw in process.stdout:
         line = raw.decode().strip()
         if line == "measuring":
             rcpu0, busy0 = server.cpu_seconds(), machine_busy_seconds()
+            steal0 = machine_steal_seconds()
         elif line.startswith("{"):
             figures = json.loads(line)
             seconds = figures["seconds"]
             result.redis_cpu = (server.cpu_seconds() - rcpu0) / seconds
             busy = (machine_busy_seconds() - busy0) / seconds
             result.other_cpu = max(0.0, busy - result.redis_cpu - figures["client_cpu"])
+            result.steal_cpu = (machine_steal_seconds() - steal0) / seconds
     await process.wait()
     if not figures:
         result.notes.append(f"node busmq failed (exit {process.returncode})")
@@ -832,6 +837,7 @@ ROWS: list[tuple[str, Callable[[Result], float], int, bool]] = [
     ("client CPU (cores)", lambda r: r.client_cpu, 2, False),
     ("redis CPU (cores)", lambda r: r.redis_cpu, 2, False),
     ("other CPU (cores)", lambda r: r.other_cpu, 2, False),
+    ("steal (cores)", lambda r: r.steal_cpu, 2, False),
     ("client CPU us/msg", lambda r: _per_msg(r.client_cpu, r), 1, True),
     ("client kernel share", lambda r: r.client_sys_share, 2, False),
     ("redis CPU us/msg", lambda r: _per_msg(r.redis_cpu, r), 1, True),
@@ -1029,6 +1035,7 @@ def median_result(runs: list[Result]) -> Result:
         f"{name} " + " ".join(f"{getattr(r, attr):.3f}" for r in runs)
         for name, attr in (("p99", "p99_ms"), ("p99.9", "p999_ms"), ("max", "max_ms"))
     )
+    each += ", steal " + " ".join(f"{r.steal_cpu:.2f}" for r in runs)
     merged.notes.append(f"medians of {len(runs)} interleaved rounds; each round: {each}")
     return merged
 

@@ -166,6 +166,7 @@ async def fixed_rate(
         outboxed=outboxed,
         client_us=client_us,
         server_us=server_us,
+        steal_cores=meter.steal.cores(),
     )
     await drained(queues)
     await cancel(consumers)
@@ -322,13 +323,14 @@ class NodeFederation:
             stdout=asyncio.subprocess.PIPE,
         )  # fmt: skip
         assert client.stdout is not None
-        meter, got = None, None
+        meter, got, steal = None, None, float("nan")
         async for line in client.stdout:  # "measuring" opens the window, its figures end it
             if line.startswith(b"measuring"):
                 meter = CpuMeter(self.server.pid if self.server else None)
             elif line.startswith(b"{") and meter is not None:
                 got = json.loads(line)
                 (server_us,) = meter.per_message(got["pushed"])
+                steal = meter.steal.cores()
         if await client.wait() != 0 or got is None:
             raise RuntimeError("the Node.js busmq federation client failed")
         return Figures(
@@ -342,6 +344,7 @@ class NodeFederation:
             max_ms=got["max_ms"],
             client_us=got["client_cpu"] * 1e6 * got["seconds"] / max(1, got["pushed"]),
             server_us=server_us,
+            steal_cores=steal,
         )
 
 

@@ -262,6 +262,7 @@ async def one_rate_round(
         consumed=sum(lanes.consumed) - before,
         client_us=client_us,
         server_us=server_us,
+        steal_cores=meter.steal.cores(),
         p50_ms=percentile(lanes.latencies, 0.5),
         p99_ms=percentile(lanes.latencies, 0.99),
         p999_ms=percentile(lanes.latencies, 0.999),
