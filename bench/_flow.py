@@ -15,7 +15,8 @@ from typing import Any
 
 import psutil
 
-from _redis import machine_steal_seconds  # bench/ is sys.path[0]
+from _gc import GcPauses  # bench/ is sys.path[0]
+from _redis import machine_steal_seconds
 
 STAMP = struct.Struct("<q")  # send time (perf_counter_ns) at the head of each payload
 
@@ -38,6 +39,10 @@ class Figures:
     # Cores the hypervisor gave to other guests during the window (see
     # machine_steal_seconds): a round whose tail is long for that reason says so here.
     steal_cores: float = float("nan")
+    # This (the client) process's garbage collections in the window (bench/_gc.py): how
+    # many were full ones, and the longest pause of any.
+    gc_full: float = float("nan")
+    gc_longest_ms: float = float("nan")
 
     @property
     def pushed_per_s(self) -> float:
@@ -78,13 +83,16 @@ class Lanes:
         await asyncio.sleep(warmup)
         start_consumed, start_sent = sum(self.consumed), sum(self.sent)
         self.recording = True
-        steal = StealMeter()
+        steal, pauses = StealMeter(), GcPauses().start()
         started = time.perf_counter()
         await asyncio.sleep(seconds)
+        pauses.stop()
         return Figures(
             label,
             time.perf_counter() - started,
             steal_cores=steal.cores(),
+            gc_full=pauses.full,
+            gc_longest_ms=pauses.longest_ms,
             pushed=sum(self.sent) - start_sent,
             consumed=sum(self.consumed) - start_consumed,
             p50_ms=percentile(self.latencies, 0.5),
@@ -122,6 +130,7 @@ def write_json(path: Path, rows: list[Figures]) -> None:
             "client us/msg": row.client_us,
             "server us/msg": row.server_us,
             "steal cores": row.steal_cores,
+            "client gc ms": row.gc_longest_ms,
         }
         for row in rows
     ]
@@ -161,6 +170,8 @@ def median_row(rows: list[Figures]) -> Figures:
         client_us=median([r.client_us for r in rows]),
         server_us=median([r.server_us for r in rows]),
         steal_cores=median([r.steal_cores for r in rows]),
+        gc_full=median([r.gc_full for r in rows]),
+        gc_longest_ms=median([r.gc_longest_ms for r in rows]),
     )
 
 
@@ -184,16 +195,20 @@ def report(rows: list[Figures], width: int = 40) -> None:
 
 def report_rounds(runs: list[list[Figures]], width: int = 40) -> None:
     """Each round's latency figures, so that a single unstable number shows as one, and
-    the cores the hypervisor took meanwhile (steal), which tell a round the VM stalled
-    from one the code did."""
-    header = "".join(f"{h:>20}" for h in ("p50 ms", "p99 ms", "p99.9 ms", "steal cores"))
-    print(f"\n{'run, each round':<{width}}{header}")
+    what may explain one: the cores the hypervisor took meanwhile (steal), and this
+    client process's longest garbage-collection pause."""
+    columns = {
+        "p50 ms": "p50_ms",
+        "p99 ms": "p99_ms",
+        "p99.9 ms": "p999_ms",
+        "steal cores": "steal_cores",
+        "client gc ms": "gc_longest_ms",
+    }
+    print(f"\n{'run, each round':<{width}}" + "".join(f"{h:>20}" for h in columns))
     for rounds in runs:
-        cells = [
-            " ".join(f"{getattr(r, name):.2f}" for r in rounds)
-            for name in ("p50_ms", "p99_ms", "p999_ms", "steal_cores")
-        ]
+        cells = [" ".join(f"{getattr(r, name):.2f}" for r in rounds) for name in columns.values()]
         print(f"{rounds[0].label:<{width}}" + "".join(f"{c:>20}" for c in cells))
+    print("(client gc ms: the longest pause of this process's garbage collector in the round)")
 
 
 class StealMeter:

@@ -14,9 +14,10 @@ figure, the median of each side and the ratio this tree / REV.
     .venv/bin/python bench/ab.py 699ae03~1 --a 699ae03      # two revisions, neither this tree
     .venv/bin/python bench/ab.py HEAD --a-extra "--tracing sdk"  # a feature on (A) and off (B)
 
-The machine's steal (cores the hypervisor gave to other guests during each round) is
-shown beside the figures, without a ratio: on a shared VM it tells a round that lost
-its cores from one that got slower. Uncommitted changes count as this tree's, so
+The machine's steal (cores the hypervisor gave to other guests during each round) and
+the bench process's longest garbage-collection pause are shown beside the figures,
+without a ratio: on a shared VM they tell a round that lost its cores, or stalled in
+the bench itself, from one that got slower. Uncommitted changes count as this tree's, so
 ``ab.py HEAD`` measures them. Before landing
 a change to a hot path, run it against the previous commit and show its table.
 """
@@ -45,7 +46,7 @@ BENCHES = {
 # Figures where more is better; for the rest (latency, CPU per message) less is better.
 HIGHER_IS_BETTER = {"consumed/s"}
 # Figures of the machine, not of the code: shown beside the others, without a ratio.
-CONTEXT = {"steal cores"}
+CONTEXT = {"steal cores", "client gc ms"}
 CORE_FIGURES = {
     "consumed/s": lambda r: r["consumed_per_s"],
     "p50 ms": lambda r: r["p50_ms"],
@@ -53,7 +54,8 @@ CORE_FIGURES = {
     "p99.9 ms": lambda r: r["p999_ms"],
     "client us/msg": lambda r: _per_msg(r["client_cpu"], r),
     "redis us/msg": lambda r: _per_msg(r["redis_cpu"], r),
-    "steal cores": lambda r: r.get("steal_cpu", math.nan),  # older trees lack it
+    "steal cores": lambda r: r.get("steal_cpu", math.nan),
+    "client gc ms": lambda r: r.get("gc_longest_ms", math.nan),
 }
 FIXED_RATE_SKIP = {"consumed/s"}  # a fixed-rate run consumes what it is given
 

@@ -59,7 +59,8 @@ import redis.asyncio as aioredis
 
 import ordering_bench  # bench/ is sys.path[0]
 import schema_bench
-from _redis import (  # bench/ is sys.path[0]
+from _gc import GcPauses  # bench/ is sys.path[0]
+from _redis import (
     LocalRedis,
     RedisTarget,
     local_redis,
@@ -228,6 +229,8 @@ class Result:
     redis_cpu: float = 0.0  # cores used by redis-server during the measured window
     other_cpu: float = 0.0  # cores used by everything else on the machine meanwhile
     steal_cpu: float = 0.0  # cores the hypervisor gave to other guests meanwhile
+    gc_full: float = math.nan  # this process's full garbage collections meanwhile
+    gc_longest_ms: float = math.nan  # and the longest pause of any collection
     client_sys_share: float = 0.0  # fraction of this process's CPU spent in the kernel
     settle_seconds: float = 0.0  # extra warm-up until the backlog stopped moving
     notes: list[str] = field(default_factory=list)
@@ -342,6 +345,7 @@ async def measure(run: Run, server: RedisTarget, result: Result) -> None:
     _, pushed0, consumed0 = run.totals()
     cpu0, rcpu0, busy0 = time.process_time(), server.cpu_seconds(), machine_busy_seconds()
     sys0, steal0 = os.times().system, machine_steal_seconds()
+    pauses = GcPauses().start()
     t0 = time.perf_counter()
     run.recording = True
     samples: list[tuple[float, int]] = []
@@ -352,6 +356,8 @@ async def measure(run: Run, server: RedisTarget, result: Result) -> None:
     run.recording = False
     run.stop()
     t1 = time.perf_counter()
+    pauses.stop()
+    result.gc_full, result.gc_longest_ms = pauses.full, pauses.longest_ms
     _, pushed1, consumed1 = run.totals()
     cpu1, rcpu1, busy1 = time.process_time(), server.cpu_seconds(), machine_busy_seconds()
     sys1, steal1 = os.times().system, machine_steal_seconds()
@@ -838,6 +844,8 @@ ROWS: list[tuple[str, Callable[[Result], float], int, bool]] = [
     ("redis CPU (cores)", lambda r: r.redis_cpu, 2, False),
     ("other CPU (cores)", lambda r: r.other_cpu, 2, False),
     ("steal (cores)", lambda r: r.steal_cpu, 2, False),
+    ("client gc longest ms", lambda r: r.gc_longest_ms, 2, False),
+    ("client gc full", lambda r: r.gc_full, 0, False),
     ("client CPU us/msg", lambda r: _per_msg(r.client_cpu, r), 1, True),
     ("client kernel share", lambda r: r.client_sys_share, 2, False),
     ("redis CPU us/msg", lambda r: _per_msg(r.redis_cpu, r), 1, True),
@@ -1036,6 +1044,7 @@ def median_result(runs: list[Result]) -> Result:
         for name, attr in (("p99", "p99_ms"), ("p99.9", "p999_ms"), ("max", "max_ms"))
     )
     each += ", steal " + " ".join(f"{r.steal_cpu:.2f}" for r in runs)
+    each += ", client gc ms " + " ".join(f"{r.gc_longest_ms:.2f}" for r in runs)
     merged.notes.append(f"medians of {len(runs)} interleaved rounds; each round: {each}")
     return merged
 

@@ -58,6 +58,7 @@ from _flow import (  # bench/ is sys.path[0]
     settle,
     write_json,
 )
+from _gc import GcPauses
 from _redis import free_port, local_redis
 from busmq import Bus, BusSettings, Mode, Queue
 from busmq.federation import FederatedQueue, FederationSettings, FederationTarget
@@ -141,6 +142,7 @@ async def fixed_rate(
 
     lanes.recording = True
     meter = CpuMeter(os.getpid(), server_pid)
+    pauses = GcPauses().start()
     started = time.perf_counter()
     while (now := time.perf_counter()) - started < args.seconds:
         due = started + sent * interval
@@ -153,6 +155,7 @@ async def fixed_rate(
     await asyncio.gather(*inflight, return_exceptions=True)
     elapsed = time.perf_counter() - started
     await settle(inflight, lanes, sent)
+    pauses.stop()
     client_us, server_us = meter.per_message(sent)
     figures = Figures(
         label,
@@ -167,6 +170,8 @@ async def fixed_rate(
         client_us=client_us,
         server_us=server_us,
         steal_cores=meter.steal.cores(),
+        gc_full=pauses.full,
+        gc_longest_ms=pauses.longest_ms,
     )
     await drained(queues)
     await cancel(consumers)

@@ -51,6 +51,7 @@ from _flow import (  # bench/ is sys.path[0]
     settle,
     write_json,
 )
+from _gc import GcPauses
 from _redis import free_port, local_redis
 from busmq import Bus, BusSettings, Mode, Queue
 from busmq.v1 import queue_service_pb2 as pb
@@ -240,6 +241,7 @@ async def one_rate_round(
     sent = 0
     before = sum(lanes.consumed)
     meter = CpuMeter(os.getpid(), args.server_pid)
+    pauses = GcPauses().start()
     lanes.recording = True
     started = time.perf_counter()
     inflight: set[asyncio.Task[None]] = set()
@@ -253,6 +255,7 @@ async def one_rate_round(
         sent += 1
     elapsed = time.perf_counter() - started
     await settle(inflight, lanes, before + sent)
+    pauses.stop()
     client_us, server_us = meter.per_message(sent)
     lanes.recording = False
     return Figures(
@@ -263,6 +266,8 @@ async def one_rate_round(
         client_us=client_us,
         server_us=server_us,
         steal_cores=meter.steal.cores(),
+        gc_full=pauses.full,
+        gc_longest_ms=pauses.longest_ms,
         p50_ms=percentile(lanes.latencies, 0.5),
         p99_ms=percentile(lanes.latencies, 0.99),
         p999_ms=percentile(lanes.latencies, 0.999),
