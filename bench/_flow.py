@@ -39,9 +39,8 @@ class Figures:
     # Cores the hypervisor gave to other guests during the window (see
     # machine_steal_seconds): a round whose tail is long for that reason says so here.
     steal_cores: float = float("nan")
-    # This (the client) process's garbage collections in the window (bench/_gc.py): how
-    # many were full ones, and the longest pause of any.
-    gc_full: float = float("nan")
+    # The longest garbage-collection pause of this (the client) process in the window
+    # (bench/_gc.py).
     gc_longest_ms: float = float("nan")
 
     @property
@@ -91,7 +90,6 @@ class Lanes:
             label,
             time.perf_counter() - started,
             steal_cores=steal.cores(),
-            gc_full=pauses.full,
             gc_longest_ms=pauses.longest_ms,
             pushed=sum(self.sent) - start_sent,
             consumed=sum(self.consumed) - start_consumed,
@@ -170,7 +168,6 @@ def median_row(rows: list[Figures]) -> Figures:
         client_us=median([r.client_us for r in rows]),
         server_us=median([r.server_us for r in rows]),
         steal_cores=median([r.steal_cores for r in rows]),
-        gc_full=median([r.gc_full for r in rows]),
         gc_longest_ms=median([r.gc_longest_ms for r in rows]),
     )
 

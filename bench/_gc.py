@@ -15,11 +15,10 @@ from typing import Any
 
 
 class GcPauses:
-    """Between ``start()`` and ``stop()``: how many collections ran, how many were full ones, and
-    the longest pause (seconds)."""
+    """Between ``start()`` and ``stop()``: how many full collections ran, and the longest
+    pause of any collection (seconds)."""
 
     def __init__(self) -> None:
-        self.collections = 0
         self.full = 0
         self.longest = 0.0
         self._started = 0.0
@@ -28,7 +27,6 @@ class GcPauses:
         if phase == "start":
             self._started = time.perf_counter()
             return
-        self.collections += 1
         self.longest = max(self.longest, time.perf_counter() - self._started)
         if info["generation"] == 2:
             self.full += 1

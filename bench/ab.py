@@ -17,8 +17,9 @@ figure, the median of each side and the ratio this tree / REV.
 The machine's steal (cores the hypervisor gave to other guests during each round) and
 the bench process's longest garbage-collection pause are shown beside the figures,
 without a ratio: on a shared VM they tell a round that lost its cores, or stalled in
-the bench itself, from one that got slower. Uncommitted changes count as this tree's, so
-``ab.py HEAD`` measures them. Before landing
+the bench itself, from one that got slower.
+
+Uncommitted changes count as this tree's, so ``ab.py HEAD`` measures them. Before landing
 a change to a hot path, run it against the previous commit and show its table.
 """
 

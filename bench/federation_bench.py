@@ -170,7 +170,6 @@ async def fixed_rate(
         client_us=client_us,
         server_us=server_us,
         steal_cores=meter.steal.cores(),
-        gc_full=pauses.full,
         gc_longest_ms=pauses.longest_ms,
     )
     await drained(queues)

@@ -266,7 +266,6 @@ async def one_rate_round(
         client_us=client_us,
         server_us=server_us,
         steal_cores=meter.steal.cores(),
-        gc_full=pauses.full,
         gc_longest_ms=pauses.longest_ms,
         p50_ms=percentile(lanes.latencies, 0.5),
         p99_ms=percentile(lanes.latencies, 0.99),
