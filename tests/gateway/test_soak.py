@@ -157,14 +157,15 @@ async def test_streams_coming_and_going_for_twenty_rounds_leave_nothing_behind(
     grew = statistics.median(heap[15:]) - statistics.median(heap[4:9])
     assert grew < 5, f"the gateway's heap grew {grew:.1f} MiB from rounds 5-9 to 16-20"
     # File descriptors: Redis connections, which redis-py's pool opens under a burst of
-    # calls (at any round) up to POOL, and the rest, which do not grow: the
-    # last five rounds reach at most 2 above the top of rounds 2 to 15. (The sockets of a
+    # calls (at any round) up to POOL, and the rest, which do not grow: the median of the
+    # last five rounds is at most 2 above the top of rounds 2 to 15. (The sockets of a
     # round's closed client connections go within a round or two, so the count swings by
     # a few fds from round to round, 14 to 27 in one run: rounds 5 to 9 alone may miss
-    # its top. A leak of one fd a round would be 15 above it by the end.)
+    # its top, and one late round alone may pass it, as 26 did once between an 18 and a
+    # 22 on a loaded machine. A leak of one fd a round would be 15 above it by the end.)
     assert max(redis_clients) <= POOL + 8, redis_clients
     others = [f - c for f, c in zip(fds, redis_clients, strict=True)]
-    assert max(others[15:]) <= max(others[1:15]) + 2, (fds, redis_clients)
+    assert statistics.median(others[15:]) <= max(others[1:15]) + 2, (fds, redis_clients)
     # Between rounds nothing of the streams is left running: the same tasks every round.
     assert max(tasks[4:]) - min(tasks[4:]) <= 4, tasks
 
